@@ -1,0 +1,3 @@
+"""logit-distill: offline knowledge distillation for language models."""
+
+__version__ = "0.1.0"

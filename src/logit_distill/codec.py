@@ -1,0 +1,279 @@
+"""The byte layout of one store record (one example) and its two codecs.
+
+``exact``:   log-probs float32, ids int32: lossless, for tests and equivalence checks.
+``default``: ids bit-packed to ceil(log2 vocab) bits, log-probs as 16-bit fixed point
+             (``q = round(-logprob * 1024)``, clamped to [0, 65535]), so a decoded
+             log-prob is within 2**-11 (~4.9e-4) of the stored one over [-64, 0];
+             below -64 (probability < 1.6e-28) values are clamped to -65535/1024.
+
+Layout (all little-endian; docs/FORMAT.md is the normative description):
+
+    header, 48 bytes:  magic b"LDR1" | codec u8 | flags u8 | id_bits u8 | reserved u8
+                       | example_index u64 | seq_len u32 | top_k u32 | num_runs u32
+                       | store_tag u32 (first 4 bytes of the store fingerprint)
+                       | token_hash 16 bytes (BLAKE2b-128 of tokens as int32 LE)
+    runs:              num_runs x (segment_id u32, length u32, first_position u32, step u32)
+    tokens:            [L]     ids
+    topk_ids:          [L, k]  ids
+    topk_logprobs:     [L, k]  log-probs
+    tail_logprob:      [L]     log-probs
+
+``ids`` are int32 (exact) or one bit-packed stream of id_bits each, padded to a
+whole byte (default); ``log-probs`` are float32 (exact) or uint16 fixed point
+(default). Segment ids and positions are stored as runs: positions inside a
+run are ``first_position + step * j``, so a packed row of D documents costs D runs.
+
+No pickle: the layout is plain bytes and numpy views.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+
+import numpy as np
+
+from .errors import StoreError
+
+MAGIC = b"LDR1"
+HEADER = struct.Struct("<4sBBBBQIIII16s")
+RUN_DTYPE = np.dtype([("segment_id", "<u4"), ("length", "<u4"), ("first", "<u4"), ("step", "<u4")])
+
+# Fixed point of the default codec: log-prob = -q / LOGPROB_SCALE.
+LOGPROB_SCALE = 1024.0
+LOGPROB_FLOOR = -65535 / LOGPROB_SCALE
+LOGPROB_MAX_ERROR = 0.5 / LOGPROB_SCALE
+
+CODEC_IDS = {"exact": 0, "default": 1}
+CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+
+
+def id_bits_for(vocab_size: int) -> int:
+    """Bits per id in the default codec: ceil(log2 vocab_size), at least 1."""
+    return max(1, math.ceil(math.log2(max(2, int(vocab_size)))))
+
+
+def token_hash(tokens: np.ndarray) -> bytes:
+    """A stable content hash of an example's tokens (BLAKE2b-128 of int32 little-endian)."""
+    return hashlib.blake2b(np.ascontiguousarray(tokens, dtype="<i4").tobytes(), digest_size=16).digest()
+
+
+def bytes_per_entry(codec: str, vocab_size: int, seq_len: int, top_k: int) -> float:
+    """Record size / (seq_len * top_k) for a packed row of one document."""
+    size = record_size(codec, vocab_size, seq_len, top_k, num_runs=1)
+    return size / (seq_len * top_k)
+
+
+def record_size(codec: str, vocab_size: int, seq_len: int, top_k: int, num_runs: int) -> int:
+    bits = 32 if codec == "exact" else id_bits_for(vocab_size)
+    return _record_size(codec, bits, seq_len, top_k, num_runs)
+
+
+def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int) -> int:
+    size = HEADER.size + RUN_DTYPE.itemsize * num_runs
+    if codec == "exact":
+        return size + 4 * L + 8 * L * k + 4 * L
+    return size + _packed_len(L, bits) + _packed_len(L * k, bits) + 2 * L * k + 2 * L
+
+
+def _packed_len(n: int, bits: int) -> int:
+    return (n * bits + 7) // 8
+
+
+# ---------------------------------------------------------------- bit packing
+
+
+def pack_bits(values: np.ndarray, bits: int) -> bytes:
+    """Pack non-negative integers < 2**bits into a little-endian bit stream."""
+    v = np.ascontiguousarray(values, dtype=np.uint32).reshape(-1)
+    if bits == 32:
+        return v.astype("<u4").tobytes()
+    shifts = np.arange(bits, dtype=np.uint32)
+    bitmat = ((v[:, None] >> shifts) & 1).astype(np.uint8)
+    return np.packbits(bitmat.reshape(-1), bitorder="little").tobytes()
+
+
+def unpack_bits(data: bytes | memoryview, count: int, bits: int) -> np.ndarray:
+    """Inverse of ``pack_bits``: ``count`` values as int32."""
+    if bits == 32:
+        return np.frombuffer(data, dtype="<u4", count=count).astype(np.int32)
+    raw = np.frombuffer(data, dtype=np.uint8, count=_packed_len(count, bits))
+    bitmat = np.unpackbits(raw, count=count * bits, bitorder="little").reshape(count, bits)
+    weights = (np.uint32(1) << np.arange(bits, dtype=np.uint32)).astype(np.int64)
+    return (bitmat.astype(np.int64) @ weights).astype(np.int32)
+
+
+# ---------------------------------------------------------------- runs
+
+
+def decode_runs(runs: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = runs["length"].astype(np.int64)
+    if int(lengths.sum()) != seq_len:
+        raise StoreError(f"record runs cover {int(lengths.sum())} positions, expected seq_len={seq_len}")
+    segment_ids = np.repeat(runs["segment_id"].astype(np.int32), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    offset = np.arange(seq_len, dtype=np.int64) - starts
+    positions = np.repeat(runs["first"].astype(np.int64), lengths) + np.repeat(
+        runs["step"].astype(np.int64), lengths
+    ) * offset
+    return segment_ids, positions.astype(np.int32)
+
+
+def encode_runs(segment_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Runs of (segment_id, length, first_position, step) that reproduce the row exactly.
+
+    A document (positions +1 per token) or a padding stretch (constant position)
+    is one run; anything else falls back to shorter runs, never to a wrong one.
+    """
+    seg = np.asarray(segment_ids, dtype=np.int64)
+    pos = np.asarray(positions, dtype=np.int64)
+    n = seg.shape[0]
+    if n < 2:
+        runs = np.zeros(n, RUN_DTYPE)
+        if n:
+            runs[0] = (seg[0], 1, pos[0], 0)
+        return runs
+    same_seg = seg[1:] == seg[:-1]
+    inc = same_seg & (pos[1:] == pos[:-1] + 1)
+    const = same_seg & (pos[1:] == pos[:-1])
+    # A run breaks where neither continuation holds, or where the kind of continuation changes.
+    kind = np.where(inc, 1, np.where(const, 0, -1))
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = kind == -1
+    brk[2:] |= (kind[1:] != kind[:-1]) & (kind[1:] != -1) & (kind[:-1] != -1)
+    starts = np.flatnonzero(brk)
+    lengths = np.diff(np.append(starts, n))
+    steps = np.where(lengths > 1, np.where(kind[np.minimum(starts, n - 2)] == 1, 1, 0), 0)
+    runs = np.empty(len(starts), RUN_DTYPE)
+    runs["segment_id"] = seg[starts]
+    runs["length"] = lengths
+    runs["first"] = pos[starts]
+    runs["step"] = steps
+    return runs
+
+
+# ---------------------------------------------------------------- log-probs
+
+
+def quantize_logprobs(x: np.ndarray) -> np.ndarray:
+    q = np.rint(-np.asarray(x, dtype=np.float32) * np.float32(LOGPROB_SCALE))
+    q = np.nan_to_num(q, nan=65535.0, posinf=65535.0)
+    return np.clip(q, 0, 65535).astype("<u2")
+
+
+def dequantize_logprobs(q: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * np.float32(-1.0 / LOGPROB_SCALE)
+
+
+# ---------------------------------------------------------------- records
+
+
+def encode_record(
+    codec: str,
+    *,
+    example_index: int,
+    tokens: np.ndarray,
+    segment_ids: np.ndarray,
+    positions: np.ndarray,
+    topk_ids: np.ndarray,
+    topk_logprobs: np.ndarray,
+    tail_logprob: np.ndarray,
+    vocab_size: int,
+    store_tag: int = 0,
+) -> bytes:
+    """Encode one example. Shapes: tokens/segment_ids/positions/tail [L], topk [L, k]."""
+    if codec not in CODEC_IDS:
+        raise ValueError(f"unknown codec {codec!r}; known: {sorted(CODEC_IDS)}")
+    L, k = np.shape(topk_ids)
+    tokens = np.asarray(tokens)
+    if tokens.shape != (L,) or np.shape(topk_logprobs) != (L, k) or np.shape(tail_logprob) != (L,):
+        raise ValueError(
+            f"inconsistent record shapes: tokens {tokens.shape}, topk_ids {(L, k)}, "
+            f"topk_logprobs {np.shape(topk_logprobs)}, tail_logprob {np.shape(tail_logprob)}"
+        )
+    runs = encode_runs(segment_ids, positions)
+    bits = 32 if codec == "exact" else id_bits_for(vocab_size)
+    header = HEADER.pack(
+        MAGIC, CODEC_IDS[codec], 0, bits, 0, int(example_index), L, k, len(runs), store_tag, token_hash(tokens)
+    )
+    parts = [header, runs.tobytes()]
+    if codec == "exact":
+        parts += [
+            np.ascontiguousarray(tokens, dtype="<i4").tobytes(),
+            np.ascontiguousarray(topk_ids, dtype="<i4").tobytes(),
+            np.ascontiguousarray(topk_logprobs, dtype="<f4").tobytes(),
+            np.ascontiguousarray(tail_logprob, dtype="<f4").tobytes(),
+        ]
+    else:
+        parts += [
+            pack_bits(tokens, bits),
+            pack_bits(topk_ids, bits),
+            quantize_logprobs(topk_logprobs).tobytes(),
+            quantize_logprobs(tail_logprob).tobytes(),
+        ]
+    return b"".join(parts)
+
+
+def decode_header(data: bytes | memoryview) -> dict:
+    if len(data) < HEADER.size:
+        raise StoreError(f"record of {len(data)} bytes is shorter than its {HEADER.size}-byte header")
+    magic, codec_id, flags, bits, _, index, L, k, num_runs, tag, thash = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise StoreError(f"record does not start with {MAGIC!r} (got {magic!r})")
+    if codec_id not in CODEC_NAMES:
+        raise StoreError(f"record has unknown codec id {codec_id}")
+    return {
+        "codec": CODEC_NAMES[codec_id],
+        "flags": flags,
+        "id_bits": bits,
+        "example_index": index,
+        "seq_len": L,
+        "top_k": k,
+        "num_runs": num_runs,
+        "store_tag": tag,
+        "token_hash": thash.hex(),
+    }
+
+
+def decode_record(data: bytes) -> dict:
+    """Decode one record into numpy arrays (log-probs float32, ids int32)."""
+    h = decode_header(data)
+    L, k, bits, codec = h["seq_len"], h["top_k"], h["id_bits"], h["codec"]
+    expected = _record_size(codec, bits, L, k, h["num_runs"])
+    if len(data) != expected:
+        raise StoreError(f"record is {len(data)} bytes, its header implies {expected}")
+    mv = memoryview(data)
+    off = HEADER.size
+    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
+    off += runs.nbytes
+    segment_ids, positions = decode_runs(runs, L)
+    if codec == "exact":
+        tokens = np.frombuffer(mv, "<i4", L, off).astype(np.int32)
+        off += 4 * L
+        topk_ids = np.frombuffer(mv, "<i4", L * k, off).astype(np.int32).reshape(L, k)
+        off += 4 * L * k
+        topk_logprobs = np.frombuffer(mv, "<f4", L * k, off).astype(np.float32).reshape(L, k)
+        off += 4 * L * k
+        tail = np.frombuffer(mv, "<f4", L, off).astype(np.float32)
+    else:
+        n = _packed_len(L, bits)
+        tokens = unpack_bits(mv[off : off + n], L, bits)
+        off += n
+        n = _packed_len(L * k, bits)
+        topk_ids = unpack_bits(mv[off : off + n], L * k, bits).reshape(L, k)
+        off += n
+        topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", L * k, off)).reshape(L, k)
+        off += 2 * L * k
+        tail = dequantize_logprobs(np.frombuffer(mv, "<u2", L, off))
+    return {
+        "example_index": np.int64(h["example_index"]),
+        "store_tag": np.uint32(h["store_tag"]),
+        "token_hash": h["token_hash"],
+        "tokens": tokens,
+        "segment_ids": segment_ids,
+        "positions": positions,
+        "topk_ids": topk_ids,
+        "topk_logprobs": topk_logprobs,
+        "tail_logprob": tail,
+    }

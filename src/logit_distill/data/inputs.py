@@ -1,0 +1,283 @@
+"""Input files: resolving a data URI, the data identity, and reading documents.
+
+Two input kinds, never mixed in one data set:
+
+* JSONL text (`*.jsonl`, also `*.jsonl.gz` / `*.jsonl.zst`, decompressed by fsspec): one JSON object
+  per line, the document text in a configurable field.
+* Pre-tokenized ArrayRecord (`*.array_record`, also Grain-style `*.array_record-00000-of-00004`):
+  one record per document, the record bytes being the token ids as little-endian int32
+  (`numpy.dtype("<i4")`), nothing else (no header, no pickle). `write_pretokenized` writes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import fsspec
+import fsspec.core
+import numpy as np
+
+from logit_distill.errors import InputError
+
+JSONL = "jsonl"
+ARRAY_RECORD = "array_record"
+TOKEN_DTYPE = np.dtype("<i4")  # the ArrayRecord record encoding and the token cache dtype
+_HASH_BLOCK = 8 << 20
+PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar only for inputs at least this large
+
+
+def file_kind(name: str) -> str | None:
+    base = posixpath.basename(name)
+    if base.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+        return JSONL
+    if base.endswith(".array_record") or ".array_record-" in base:
+        return ARRAY_RECORD
+    return None
+
+
+@dataclass(frozen=True)
+class InputFile:
+    url: str  # full URL (with protocol)
+    path: str  # path on `fs`
+    name: str  # name relative to the data root: part of the data identity
+    size: int
+    info: dict
+
+
+@dataclass
+class DataInputs:
+    uri: str
+    fs: fsspec.AbstractFileSystem
+    kind: str
+    files: list[InputFile]
+
+    @property
+    def is_local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _has_magic(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def resolve_inputs(data: str) -> DataInputs:
+    """Resolve `data` (a file, a glob, or a directory; local, file:// or gs://) to sorted input files."""
+    if not isinstance(data, str) or not data:
+        raise InputError(f"data must be a non-empty path or URI, got {data!r}")
+    fs, path = fsspec.core.url_to_fs(data)
+    path = path.rstrip("/") or path
+    if _has_magic(path):
+        paths = [p for p in fs.glob(path) if fs.isfile(p)]
+        parts = path.split("/")
+        root = "/".join(parts[: next(i for i, s in enumerate(parts) if _has_magic(s))])
+        if not paths:
+            raise InputError(f"no files match the data glob {data}")
+    elif fs.isdir(path):
+        root = path
+        paths = [e["name"] for e in fs.ls(path, detail=True) if e.get("type") == "file" and file_kind(e["name"])]
+        if not paths:
+            raise InputError(
+                f"data directory {data} holds no *.jsonl or *.array_record files (sub-directories are not searched)"
+            )
+    elif fs.isfile(path):
+        root = posixpath.dirname(path)
+        paths = [path]
+    else:
+        raise InputError(f"data path not found: {data}")
+
+    files, kinds = [], set()
+    for p in sorted(paths):
+        kind = file_kind(p)
+        if kind is None:
+            raise InputError(
+                f"{fs.unstrip_protocol(p)}: unknown data file type (expected *.jsonl[.gz|.zst] or *.array_record)"
+            )
+        kinds.add(kind)
+        info = fs.info(p)
+        name = posixpath.relpath(p, root) if root else p
+        files.append(InputFile(fs.unstrip_protocol(p), p, name, int(info.get("size") or 0), info))
+    if len(kinds) > 1:
+        raise InputError(f"data {data} mixes JSONL and ArrayRecord files; use one kind per data set")
+    return DataInputs(uri=data, fs=fs, kind=kinds.pop(), files=files)
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def _progress(total: int, desc: str, unit: str = "B"):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        file=sys.stderr,
+        disable=total < PROGRESS_MIN_BYTES if unit == "B" else None,
+        mininterval=1.0 if sys.stderr.isatty() else 30.0,
+        leave=False,
+    )
+
+
+def _sha256_stream(fs, f: InputFile) -> str:
+    h = hashlib.sha256()
+    with fs.open(f.path, "rb") as fh, _progress(f.size, f"hashing {f.name}") as bar:
+        while block := fh.read(_HASH_BLOCK):
+            h.update(block)
+            bar.update(len(block))
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def file_digest(inputs: DataInputs, f: InputFile, hash_cache_dir: str) -> str:
+    """A digest of one file's content.
+
+    Local files: sha256 of the bytes, cached under `hash_cache_dir` by (absolute path, size, mtime_ns)
+    so that a resume does not re-read many GB. Object stores that report a content hash (GCS:
+    md5Hash and/or crc32c) use it without reading the object. Anything else is read and hashed.
+    """
+    if inputs.is_local:
+        st = os.stat(f.path)
+        key = json.dumps([os.path.abspath(f.path), st.st_size, st.st_mtime_ns])
+        cache_file = os.path.join(hash_cache_dir, hashlib.sha256(key.encode()).hexdigest() + ".json")
+        try:
+            with open(cache_file) as fh:
+                cached = json.load(fh)
+            if cached.get("key") == key:
+                return cached["digest"]
+        except (OSError, ValueError, KeyError):
+            pass
+        digest = "sha256:" + _sha256_stream(inputs.fs, f)
+        _atomic_write_text(cache_file, json.dumps({"key": key, "digest": digest}))
+        return digest
+    parts = [f"{k}:{f.info[k]}" for k in ("md5Hash", "crc32c") if f.info.get(k)]
+    if parts:
+        return ",".join(parts)
+    return "sha256:" + _sha256_stream(inputs.fs, f)
+
+
+def data_identity(inputs: DataInputs, hash_cache_dir: str) -> str:
+    """sha256 over (name relative to the data root, size, content digest) of every input file, in order."""
+    entries = [{"name": f.name, "size": f.size, "digest": file_digest(inputs, f, hash_cache_dir)} for f in inputs.files]
+    return hashlib.sha256(json.dumps({"kind": inputs.kind, "files": entries}, sort_keys=True).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def iter_jsonl_texts(f: InputFile, text_field: str, on_bytes=None) -> Iterator[str]:
+    """Yield the `text_field` string of every non-blank line; InputError names file and line."""
+    with fsspec.open(f.url, "rb", compression="infer") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if on_bytes is not None:
+                on_bytes(len(raw))
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as e:
+                raise InputError(f"{f.url}:{lineno}: not valid JSON ({e})") from e
+            if not isinstance(obj, dict):
+                raise InputError(f"{f.url}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            if text_field not in obj:
+                raise InputError(
+                    f"{f.url}:{lineno}: no field {text_field!r} (fields: {sorted(obj)[:10]}); set the text field name"
+                )
+            text = obj[text_field]
+            if not isinstance(text, str):
+                raise InputError(f"{f.url}:{lineno}: field {text_field!r} is a {type(text).__name__}, not a string")
+            yield text
+
+
+def array_record_reader(local_path: str):
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    return ArrayRecordReader(local_path, "readahead_buffer_size:16M")
+
+
+def decode_record(rec: bytes, where: str) -> np.ndarray:
+    if len(rec) % TOKEN_DTYPE.itemsize:
+        raise InputError(
+            f"{where}: record of {len(rec)} bytes is not a whole number of little-endian int32 token ids"
+        )
+    arr = np.frombuffer(rec, dtype=TOKEN_DTYPE)
+    if arr.size and arr.min() < 0:
+        raise InputError(f"{where}: negative token id {int(arr.min())}")
+    return arr
+
+
+def iter_array_record_docs(local_path: str, url: str, batch: int = 4096) -> Iterator[np.ndarray]:
+    reader = array_record_reader(local_path)
+    try:
+        n = reader.num_records()
+        for start in range(0, n, batch):
+            for j, rec in enumerate(reader.read(start, min(n, start + batch))):
+                yield decode_record(rec, f"{url} record {start + j}")
+    finally:
+        reader.close()
+
+
+def write_pretokenized(path: str, documents: Sequence[np.ndarray], *, options: str = "group_size:1024") -> str:
+    """Write documents (1-D integer arrays of token ids) as a pre-tokenized ArrayRecord file.
+
+    Each record is one document: its ids as little-endian int32 bytes. `path` may be local, file://
+    or gs:// (written locally, then uploaded). The file appears atomically. Returns the URL written.
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    fs, fpath = fsspec.core.url_to_fs(path)
+    if file_kind(fpath) != ARRAY_RECORD:
+        raise InputError(f"{path}: a pre-tokenized file name must end in .array_record")
+    local = "file" in _protocols(fs)
+    out_dir = os.path.dirname(fpath) if local else None
+    if local:
+        os.makedirs(out_dir or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".array_record")
+    os.close(fd)
+    try:
+        writer = ArrayRecordWriter(tmp, options)
+        for i, doc in enumerate(documents):
+            arr = np.asarray(doc)
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+                raise InputError(f"document {i}: expected a 1-D integer array, got {arr.dtype} {arr.shape}")
+            if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+                raise InputError(f"document {i}: token ids must be in [0, 2**31)")
+            writer.write(arr.astype(TOKEN_DTYPE).tobytes())
+        writer.close()
+        if local:
+            os.replace(tmp, fpath)
+        else:
+            fs.put_file(tmp, fpath)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return fs.unstrip_protocol(fpath)

@@ -1,0 +1,201 @@
+"""ExampleSource: random access to the packed (or padded) examples of a data set."""
+
+from __future__ import annotations
+
+import operator
+import os
+from typing import Iterable
+
+import numpy as np
+
+from logit_distill.errors import InputError
+
+from .inputs import JSONL, data_identity, resolve_inputs
+from .order import PackedLayout, UnpackedLayout, document_order
+from .token_cache import TokenCache, build_or_load, default_cache_dir, load_cache
+from .tokenizer import Tokenizer, load_tokenizer
+
+FORMAT = "logit-distill-data/1"
+ORDER = "splitmix64-argsort/1"
+
+
+class ExampleSource:
+    """Examples `{"tokens", "segment_ids", "positions"}` (int32 `[seq_len]`) in a fixed order.
+
+    `src[i]` costs O(seq_len * log num_documents) whatever i is: resuming at step 10**6 seeks, it does
+    not replay. A Grain `RandomAccessDataSource` (`__len__`, `__getitem__`); picklable without
+    copying the token cache (a worker re-opens the memory map).
+    """
+
+    def __init__(
+        self,
+        cache: TokenCache,
+        *,
+        seq_len: int,
+        packing: bool,
+        seed: int,
+        text_field: str,
+        tokenizer: Tokenizer | None,
+        data: str | None = None,
+    ):
+        self._cache = cache
+        self.seq_len = seq_len
+        self.packing = packing
+        self.seed = seed
+        self.text_field = text_field
+        self.tokenizer = tokenizer
+        meta = cache.meta
+        self.kind = meta["kind"]
+        self.data = data or meta["data"]  # where the data was read from (not part of the identity)
+        self.num_documents = cache.num_documents
+        self.num_tokens = cache.num_tokens
+        self.max_token_id = int(meta["max_token_id"])
+        if tokenizer is not None:
+            self.vocab_size = tokenizer.vocab_size
+            self.eos_id: int | None = tokenizer.eos_id
+            if self.max_token_id >= self.vocab_size:
+                raise InputError(
+                    f"data {meta['data']} holds token id {self.max_token_id}, outside the vocabulary of "
+                    f"tokenizer {tokenizer.path} (size {self.vocab_size})"
+                )
+        else:
+            self.vocab_size = self.max_token_id + 1
+            self.eos_id = None
+        self.pad_id = self.eos_id if self.eos_id is not None else 0
+        self._build_layout()
+        self.identity = {
+            "format": FORMAT,
+            "order": ORDER,
+            "data_kind": self.kind,
+            "data_sha256": meta["data_sha256"],
+            "tokenizer_sha256": tokenizer.identity if tokenizer is not None else None,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+            "text_field": text_field if self.kind == JSONL else None,
+            "seed": seed,
+            "seq_len": seq_len,
+            "packing": packing,
+            "num_documents": self.num_documents,
+            "num_tokens": self.num_tokens,
+            "num_examples": len(self),
+        }
+
+    def _build_layout(self) -> None:
+        order = document_order(self.num_documents, self.seed)
+        layout_cls = PackedLayout if self.packing else UnpackedLayout
+        self._layout = layout_cls(self._cache.lengths, order, self._cache.offsets, self.seq_len)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def open(
+        cls,
+        data: str,
+        tokenizer_path: str | None,
+        *,
+        seq_len: int,
+        packing: bool = True,
+        seed: int = 0,
+        text_field: str = "text",
+        cache_dir: str | None = None,
+    ) -> "ExampleSource":
+        """Open `data` (a .jsonl / .array_record file, a glob, or a directory of them; local, file://, gs://).
+
+        JSONL needs `tokenizer_path` (tokenizer.json or its directory). For pre-tokenized ArrayRecord it
+        is optional: it gives `vocab_size`, `eos_id` (the pad token) and a check of the ids.
+        The first open tokenizes everything into `cache_dir` (default `$LOGIT_DISTILL_CACHE/data`, else
+        `~/.cache/logit-distill/data`; a local directory); later opens reuse it.
+        """
+        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 2:
+            raise InputError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+            raise InputError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        if not isinstance(text_field, str) or not text_field:
+            raise InputError(f"text_field must be a non-empty string, got {text_field!r}")
+        cache_dir = cache_dir or default_cache_dir()
+        if "://" in cache_dir and not cache_dir.startswith("file://"):
+            raise InputError(f"cache_dir must be a local directory (the token cache is memory-mapped), got {cache_dir}")
+        cache_dir = cache_dir.removeprefix("file://")
+        inputs = resolve_inputs(data)
+        tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+        if inputs.kind == JSONL and tokenizer is None:
+            raise InputError(f"data {data} is JSONL text: a tokenizer (tokenizer.json) is needed to tokenize it")
+        data_id = data_identity(inputs, os.path.join(cache_dir, "hashes"))
+        cache = build_or_load(inputs, data_id, tokenizer, text_field, cache_dir)
+        return cls(
+            cache, seq_len=int(seq_len), packing=bool(packing), seed=int(seed), text_field=text_field, tokenizer=tokenizer,
+            data=data,
+        )
+
+    # ------------------------------------------------------------------ access
+
+    def __len__(self) -> int:
+        return self._layout.num_examples
+
+    def _index(self, i) -> int:
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"example index must be an integer, got {type(i).__name__}") from None
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"example index out of range: {i} (the source has {n} examples)")
+        return i
+
+    def __getitem__(self, i) -> dict[str, np.ndarray]:
+        i = self._index(i)
+        L = self.seq_len
+        src, seg, pos = self._layout.gather(i)
+        n = len(src)
+        tokens = np.full(L, self.pad_id, dtype=np.int32)
+        segment_ids = np.zeros(L, dtype=np.int32)
+        positions = np.zeros(L, dtype=np.int32)
+        tokens[:n] = self._cache.tokens[src]
+        segment_ids[:n] = seg
+        positions[:n] = pos
+        return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+
+    def batch(self, indices: Iterable[int]) -> dict[str, np.ndarray]:
+        """Examples `indices` stacked: int32 arrays `[n, seq_len]`."""
+        idx = indices if isinstance(indices, np.ndarray) else list(indices)
+        arr = np.asarray(idx).reshape(-1)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"example indices must be integers, got {arr.dtype}")
+        examples = [self[i] for i in arr]
+        if not examples:
+            return {k: np.zeros((0, self.seq_len), np.int32) for k in ("tokens", "segment_ids", "positions")}
+        return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """Raise InputError when the data/tokenizer vocabulary exceeds the model's."""
+        if self.tokenizer is not None:
+            self.tokenizer.check_vocab(model_vocab_size)
+        if self.max_token_id >= int(model_vocab_size):
+            raise InputError(
+                f"data {self.data} holds token id {self.max_token_id} but the model's vocabulary has "
+                f"only {model_vocab_size} entries: the data was tokenized for another model"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"ExampleSource({self.data!r}, seq_len={self.seq_len}, packing={self.packing}, "
+            f"seed={self.seed}, examples={len(self)}, documents={self.num_documents}, tokens={self.num_tokens})"
+        )
+
+    # ------------------------------------------------------------------ pickling (Grain worker processes)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_cache"] = self._cache.dir  # re-open the memory map instead of copying the tokens
+        state.pop("_layout")
+        return state
+
+    def __setstate__(self, state):
+        cache = load_cache(state["_cache"])
+        if cache is None:
+            raise InputError(f"token cache {state['_cache']} is gone; open the ExampleSource again")
+        state["_cache"] = cache
+        self.__dict__.update(state)
+        self._build_layout()

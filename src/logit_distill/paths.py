@@ -1,0 +1,182 @@
+"""Paths and files through fsspec: local paths, ``file://`` and ``gs://`` (gcsfs).
+
+A GCS emulator is selected with the standard ``STORAGE_EMULATOR_HOST`` variable,
+which gcsfs reads itself. Against an emulator we also turn off gcsfs's extended
+(zonal/HNS) client: it probes each bucket over gRPC and stalls about 60 s per
+bucket when nothing answers. The variable is read when gcsfs is imported, so it
+is set here, before fsspec loads gcsfs.
+
+The commit protocol (``commit_file``) is the one place that decides how a file
+becomes visible: locally a temporary name, fsync and rename; on GCS a single
+upload, since an object appears only once its upload completes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+
+if os.environ.get("STORAGE_EMULATOR_HOST"):
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import fsspec  # noqa: E402  (after the environment above)
+
+# Prefix of temporary names; the store scan reports any file carrying it as a leftover.
+TMP_PREFIX = ".tmp-"
+
+
+def url_to_fs(uri: str):
+    """(filesystem, path) for a local path, ``file://`` or ``gs://`` URI."""
+    kwargs = {}
+    if uri.startswith("gs://") and os.environ.get("STORAGE_EMULATOR_HOST"):
+        kwargs["token"] = "anon"
+    return fsspec.core.url_to_fs(uri, **kwargs)
+
+
+def is_local(uri: str) -> bool:
+    fs, _ = url_to_fs(uri)
+    return "file" in _protocols(fs)
+
+
+def _protocols(fs) -> tuple:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def join(uri: str, *parts: str) -> str:
+    out = uri.rstrip("/")
+    for part in parts:
+        out = out + "/" + part.strip("/")
+    return out
+
+
+def basename(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def local_path(uri: str) -> str:
+    """The OS path of a local URI (``file://x`` -> ``x``)."""
+    _, path = url_to_fs(uri)
+    return path
+
+
+def exists(uri: str) -> bool:
+    fs, path = url_to_fs(uri)
+    return fs.exists(path)
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = url_to_fs(uri)
+    with fs.open(path, "rb") as f:
+        return f.read()
+
+
+def list_files(uri: str) -> list[dict]:
+    """Plain files directly under ``uri`` as dicts with ``name`` (base name) and ``size``.
+
+    Always a fresh listing (fsspec's listing cache is bypassed), since the
+    store's truth is what is committed now.
+    """
+    fs, path = url_to_fs(uri)
+    fs.invalidate_cache(path)
+    if not fs.exists(path):
+        return []
+    out = []
+    for info in fs.ls(path, detail=True):
+        if info.get("type") != "file":
+            continue
+        out.append({"name": basename(info["name"]), "size": int(info.get("size") or 0)})
+    return out
+
+
+def makedirs(uri: str) -> None:
+    fs, path = url_to_fs(uri)
+    if "file" in _protocols(fs):
+        os.makedirs(path, exist_ok=True)
+    # Object stores have no directories; a prefix exists once an object is under it.
+
+
+def remove(uri: str) -> None:
+    fs, path = url_to_fs(uri)
+    fs.rm_file(path)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit_file(local_src: str, dest_uri: str) -> None:
+    """Make ``local_src`` visible at ``dest_uri`` atomically: completely or not at all.
+
+    Local destination: copy to a temporary name in the destination directory
+    (rename needs the same filesystem), fsync, rename, fsync the directory.
+    GCS: one upload; the object becomes visible only once the upload completes.
+    ``local_src`` is left in place.
+    """
+    fs, path = url_to_fs(dest_uri)
+    if "file" in _protocols(fs):
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
+        try:
+            if os.path.abspath(local_src) != os.path.abspath(tmp):
+                shutil.copyfile(local_src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        _fsync_dir(directory)
+    else:
+        fs.put_file(local_src, path)
+
+
+def write_bytes_atomic(dest_uri: str, data: bytes) -> None:
+    """Write ``data`` to ``dest_uri`` atomically (see ``commit_file``)."""
+    fs, path = url_to_fs(dest_uri)
+    if "file" in _protocols(fs):
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        _fsync_dir(directory)
+    else:
+        with fs.open(path, "wb") as f:
+            f.write(data)
+
+
+def fetch_to_local(uri: str, local_dir: str | None = None) -> str:
+    """A local file path with the contents of ``uri``: the path itself if local, else a download."""
+    fs, path = url_to_fs(uri)
+    if "file" in _protocols(fs):
+        return path
+    local_dir = local_dir or tempfile.mkdtemp(prefix="logit-distill-")
+    os.makedirs(local_dir, exist_ok=True)
+    dest = os.path.join(local_dir, basename(uri))
+    tmp = dest + f".{uuid.uuid4().hex}.part"
+    fs.get_file(path, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+def default_cache_dir(*parts: str) -> str:
+    """``$LOGIT_DISTILL_CACHE`` (default ``~/.cache/logit-distill``) joined with ``parts``."""
+    root = os.environ.get("LOGIT_DISTILL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "logit-distill"
+    )
+    return os.path.join(root, *parts)

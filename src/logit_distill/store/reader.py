@@ -1,0 +1,247 @@
+"""Reading a store: ``open_store(uri)`` and random access by global example index.
+
+Global example ``g`` lies in step ``g // B`` (``B`` examples per step); inside
+the step, process ``p = (g % B) // b`` owns it (``b = B / num_processes``) at
+offset ``o = g % b``. Its chunk is the one of process ``p`` whose step range
+holds the step, and its record index there is ``(step - start) * b + o``.
+
+A chunk is checked against the SHA-256 in its name the first time this
+process opens it; chunks on GCS are downloaded once into a local cache (the
+ArrayRecord reader needs a local file) and checked on the way.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import threading
+import uuid
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
+
+from .. import codec as codec_mod
+from .. import paths
+from ..errors import StoreError
+from . import chunks as chunks_mod
+from . import manifest as manifest_mod
+
+
+def open_store(uri: str, *, verify_checksums: bool = True, cache_dir: str | None = None,
+               max_open_chunks: int = 64) -> "Store":
+    """Open the store at ``uri`` (local path, ``file://`` or ``gs://``)."""
+    manifest_uri = paths.join(uri, manifest_mod.MANIFEST_NAME)
+    try:
+        exists = paths.exists(manifest_uri)
+    except Exception as e:  # noqa: BLE001 - e.g. an unreachable bucket
+        raise StoreError(f"{uri}: cannot be read ({type(e).__name__}: {e})") from e
+    if not exists:
+        where = "does not exist" if not paths.exists(uri) else f"has no {manifest_mod.MANIFEST_NAME}"
+        raise StoreError(f"{uri} is not a logit store: it {where}")
+    manifest = manifest_mod.parse_manifest(paths.read_bytes(manifest_uri), manifest_uri)
+    return Store(uri, manifest, verify_checksums=verify_checksums, cache_dir=cache_dir,
+                 max_open_chunks=max_open_chunks)
+
+
+class Store:
+    """A committed logit store; also a Grain ``RandomAccessDataSource`` (``len``, ``[]``)."""
+
+    def __init__(self, uri: str, manifest: dict, *, verify_checksums: bool = True,
+                 cache_dir: str | None = None, max_open_chunks: int = 64):
+        self.uri = uri
+        self.manifest = manifest
+        self.verify_checksums = verify_checksums
+        self.max_open_chunks = max_open_chunks
+        layout = manifest["layout"]
+        self.examples_per_step = layout["examples_per_step"]
+        self.examples_per_process = layout["examples_per_step"] // layout["num_processes"]
+        self.steps_per_file = layout["steps_per_file"]
+        self.tag = manifest_mod.store_tag(manifest)
+        self.local = paths.is_local(uri)
+        self.cache_dir = cache_dir or paths.default_cache_dir("stores", manifest["fingerprint"][:16])
+        self.scan = chunks_mod.scan(uri, manifest)
+        if self.scan.duplicates:
+            names = [c.name for c in self.scan.duplicates[0]]
+            raise StoreError(f"{uri}: several committed chunks for one step range: {', '.join(names)}")
+        self._init_runtime_state()
+
+    def _init_runtime_state(self) -> None:
+        self._readers: collections.OrderedDict = collections.OrderedDict()
+        self._verified: set[str] = set()
+        self._lock = threading.Lock()
+
+    # Grain may copy a data source into worker processes: drop open readers and locks.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for key in ("_readers", "_verified", "_lock"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_runtime_state()
+
+    # -- sizes
+
+    @property
+    def expected_examples(self) -> int:
+        return manifest_mod.num_examples(self.manifest)
+
+    @property
+    def num_examples(self) -> int:
+        """Committed examples."""
+        return sum((c.end - c.start) * self.examples_per_process for c in self.scan.chunks.values())
+
+    @property
+    def complete(self) -> bool:
+        return self.scan.complete
+
+    def require_complete(self) -> None:
+        if not self.complete:
+            raise StoreError(f"{self.uri}: the store is incomplete: missing {self.scan.missing_summary()}")
+
+    def __len__(self) -> int:
+        return self.num_examples if not self.complete else self.expected_examples
+
+    # -- random access
+
+    def locate(self, index: int) -> tuple[chunks_mod.ChunkInfo, int]:
+        """(chunk, record index) of global example ``index``."""
+        if not 0 <= index < self.expected_examples:
+            raise IndexError(f"example {index} out of range [0, {self.expected_examples})")
+        step, r = divmod(index, self.examples_per_step)
+        process, offset = divmod(r, self.examples_per_process)
+        start = (step // self.steps_per_file) * self.steps_per_file
+        end = min(start + self.steps_per_file, self.manifest["layout"]["num_steps"])
+        chunk = self.scan.chunks.get((process, start, end))
+        if chunk is None:
+            raise StoreError(
+                f"{self.uri}: example {index} (step {step}, process {process}) lies in steps "
+                f"[{start}, {end}), whose chunk is not committed"
+            )
+        return chunk, (step - start) * self.examples_per_process + offset
+
+    def read_raw(self, index: int) -> bytes:
+        chunk, record = self.locate(int(index))
+        reader = self._reader(chunk)
+        try:
+            return reader.read([record])[0]
+        except Exception as e:  # noqa: BLE001 - a damaged file surfaces here
+            raise StoreError(f"{self._chunk_uri(chunk)}: cannot read record {record} ({e})") from e
+
+    def read(self, index: int) -> dict:
+        """Example ``index`` as numpy arrays (see ``codec.decode_record``)."""
+        index = int(index)
+        data = self.read_raw(index)
+        chunk, record = self.locate(index)
+        try:
+            out = codec_mod.decode_record(data)
+        except StoreError as e:
+            raise StoreError(f"{self._chunk_uri(chunk)} record {record}: {e}") from None
+        self._check_record(out, index, chunk, record)
+        return out
+
+    def __getitem__(self, index: int) -> dict:
+        return self.read(index)
+
+    def _check_record(self, rec: dict, index: int, chunk, record: int) -> None:
+        where = f"{self._chunk_uri(chunk)} record {record}"
+        if int(rec["example_index"]) != index:
+            raise StoreError(f"{where} holds example {int(rec['example_index'])}, expected {index}")
+        if int(rec["store_tag"]) != self.tag:
+            raise StoreError(f"{where} belongs to another store (tag {int(rec['store_tag']):08x}, "
+                             f"this store's is {self.tag:08x})")
+        shapes = self.manifest["shapes"]
+        if rec["topk_ids"].shape != (shapes["seq_len"], shapes["top_k"]):
+            raise StoreError(f"{where} has top-k shape {rec['topk_ids'].shape}, "
+                             f"manifest says {(shapes['seq_len'], shapes['top_k'])}")
+
+    # -- chunks
+
+    def _chunk_uri(self, chunk) -> str:
+        return paths.join(self.uri, chunk.name)
+
+    def chunk_path(self, chunk) -> str:
+        """A local path of ``chunk``'s file, downloaded and checked if the store is remote."""
+        uri = self._chunk_uri(chunk)
+        if self.local:
+            path = paths.local_path(uri)
+            if not os.path.exists(path):
+                raise StoreError(f"{uri}: committed chunk vanished (was the store changed while open?)")
+            if self.verify_checksums and chunk.name not in self._verified:
+                self._check_file(path, chunk, uri)
+            return path
+        os.makedirs(self.cache_dir, exist_ok=True)
+        path = os.path.join(self.cache_dir, chunk.name)
+        if not os.path.exists(path):
+            tmp = f"{path}.{uuid.uuid4().hex}.part"
+            fs, remote = paths.url_to_fs(uri)
+            fs.get_file(remote, tmp)
+            try:
+                self._check_file(tmp, chunk, uri)
+            except StoreError:
+                os.remove(tmp)
+                raise
+            os.replace(tmp, path)
+        return path
+
+    def _check_file(self, path: str, chunk, uri: str) -> None:
+        h = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+                size += len(block)
+        if h.hexdigest()[:16] != chunk.checksum:
+            raise StoreError(
+                f"{uri}: checksum mismatch: the file ({size} bytes) has SHA-256 {h.hexdigest()[:16]}..., "
+                f"its name says {chunk.checksum}; the chunk is corrupt or truncated; "
+                "delete it and re-run the dump to rewrite it"
+            )
+        self._verified.add(chunk.name)
+
+    def _reader(self, chunk) -> ArrayRecordReader:
+        with self._lock:
+            reader = self._readers.get(chunk.name)
+            if reader is not None:
+                self._readers.move_to_end(chunk.name)
+                return reader
+            path = self.chunk_path(chunk)
+            try:
+                reader = ArrayRecordReader(path)
+            except Exception as e:  # noqa: BLE001 - the C++ reader raises plain errors
+                raise StoreError(f"{self._chunk_uri(chunk)}: not a readable ArrayRecord file ({e})") from e
+            expected = (chunk.end - chunk.start) * self.examples_per_process
+            if reader.num_records() != expected:
+                reader.close()
+                raise StoreError(f"{self._chunk_uri(chunk)}: holds {reader.num_records()} records, "
+                                 f"expected {expected}")
+            self._readers[chunk.name] = reader
+            while len(self._readers) > self.max_open_chunks:
+                _, old = self._readers.popitem(last=False)
+                old.close()
+            return reader
+
+    def read_chunk(self, chunk) -> list[bytes]:
+        """All records of one chunk, in order (sequential readers, e.g. verify)."""
+        reader = self._reader(chunk)
+        return reader.read_all()
+
+    def close(self) -> None:
+        with self._lock:
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def stack_records(records: list[dict]) -> dict:
+    """Stack decoded records into a batch of arrays with a leading example axis."""
+    keys = [k for k in records[0] if k != "token_hash"]
+    return {k: np.stack([r[k] for r in records]) for k in keys}

@@ -1,0 +1,313 @@
+"""Writing a store: create or check the manifest, write chunks, commit them atomically.
+
+``ChunkWriter`` writes one chunk (one process, one fixed step range) and
+commits it: the file's SHA-256 goes into its final name, then the file becomes
+visible at once (see ``paths.commit_file``). ``BackgroundWriter`` runs encoding
+and committing on two threads behind bounded queues, so the caller's compute
+overlaps with them and a slow upload applies back-pressure instead of
+buffering without bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import tempfile
+import threading
+import time
+import uuid
+from typing import Callable
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from .. import codec as codec_mod
+from .. import paths
+from ..errors import StoreError
+from . import chunks as chunks_mod
+from . import manifest as manifest_mod
+
+
+def init_store(store_uri: str, manifest: dict) -> dict:
+    """Create the store with ``manifest`` or check that the existing one matches.
+
+    Raises ConfigMismatchError (listing each differing field) when the store
+    holds another configuration, and StoreError when the location holds files
+    but no manifest. Touches nothing in either case.
+    """
+    manifest_uri = paths.join(store_uri, manifest_mod.MANIFEST_NAME)
+    if paths.exists(manifest_uri):
+        existing = manifest_mod.parse_manifest(paths.read_bytes(manifest_uri), manifest_uri)
+        manifest_mod.require_same_config(existing, manifest, store_uri)
+        return existing
+    others = [
+        f["name"] for f in paths.list_files(store_uri)
+        if not f["name"].startswith(paths.TMP_PREFIX)
+    ]
+    if others:
+        raise StoreError(
+            f"{store_uri} is not empty and holds no {manifest_mod.MANIFEST_NAME} "
+            f"(found {', '.join(sorted(others)[:5])}{' ...' if len(others) > 5 else ''}); "
+            "choose an empty output location"
+        )
+    paths.makedirs(store_uri)
+    paths.write_bytes_atomic(manifest_uri, manifest_mod.manifest_bytes(manifest))
+    return manifest
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ChunkWriter:
+    """Writes the records of one chunk to a temporary file; ``commit`` publishes it."""
+
+    def __init__(self, store_uri: str, manifest: dict, process: int, start: int, end: int,
+                 work_dir: str | None = None):
+        self.store_uri = store_uri
+        self.manifest = manifest
+        self.process, self.start, self.end = process, start, end
+        layout = manifest["layout"]
+        self.expected_records = (end - start) * (layout["examples_per_step"] // layout["num_processes"])
+        self.local_store = paths.is_local(store_uri)
+        if self.local_store:
+            directory = paths.local_path(store_uri)
+        else:
+            directory = work_dir or tempfile.gettempdir()
+        os.makedirs(directory, exist_ok=True)
+        self.tmp_path = os.path.join(
+            directory, f"{paths.TMP_PREFIX}{uuid.uuid4().hex}-p{process:05d}-s{start:09d}.array_record"
+        )
+        self._writer = ArrayRecordWriter(self.tmp_path, manifest["codec"]["array_record_options"])
+        self.num_records = 0
+
+    def write(self, record: bytes) -> None:
+        self._writer.write(record)
+        self.num_records += 1
+
+    def commit(self) -> chunks_mod.ChunkInfo:
+        if self.num_records != self.expected_records:
+            self.abort()
+            raise StoreError(
+                f"chunk p{self.process} steps [{self.start}, {self.end}) got {self.num_records} records, "
+                f"expected {self.expected_records}; not committed"
+            )
+        self._writer.close()
+        checksum = _sha256_file(self.tmp_path)
+        name = chunks_mod.chunk_name(
+            self.manifest["fingerprint"][:8], self.process, self.start, self.end, checksum
+        )
+        final_uri = paths.join(self.store_uri, name)
+        size = os.path.getsize(self.tmp_path)
+        try:
+            if self.local_store:
+                with open(self.tmp_path, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(self.tmp_path, paths.local_path(final_uri))
+                fd = os.open(os.path.dirname(self.tmp_path), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                paths.commit_file(self.tmp_path, final_uri)
+        finally:
+            if os.path.exists(self.tmp_path):
+                os.remove(self.tmp_path)
+        return chunks_mod.parse_chunk_name(name, size)
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        except Exception:  # noqa: BLE001 - closing a half-written file may fail; it is removed anyway
+            pass
+        if os.path.exists(self.tmp_path):
+            os.remove(self.tmp_path)
+
+
+def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[bytes]:
+    """Encode the examples of one step (arrays with a leading example axis) into records."""
+    codec = manifest["codec"]["name"]
+    vocab_size = manifest["shapes"]["vocab_size"]
+    out = []
+    for i in range(len(step_records["example_index"])):
+        out.append(codec_mod.encode_record(
+            codec,
+            example_index=int(step_records["example_index"][i]),
+            tokens=step_records["tokens"][i],
+            segment_ids=step_records["segment_ids"][i],
+            positions=step_records["positions"][i],
+            topk_ids=step_records["topk_ids"][i],
+            topk_logprobs=step_records["topk_logprobs"][i],
+            tail_logprob=step_records["tail_logprob"][i],
+            vocab_size=vocab_size,
+            store_tag=store_tag,
+        ))
+    return out
+
+
+_STOP = object()
+
+
+class BackgroundWriter:
+    """Encode and commit the chunks of one process on background threads.
+
+    ``submit(step, records)`` hands over one step's examples (numpy arrays with
+    a leading example axis: example_index, tokens, segment_ids, positions,
+    topk_ids, topk_logprobs, tail_logprob). Steps of a chunk must come in
+    order and complete; a chunk is committed as soon as its last step is
+    written. At most ``max_pending_steps`` steps wait for encoding and at most
+    ``max_pending_chunks`` written chunks wait for their commit (upload):
+    ``submit`` blocks when both are full. ``close()`` waits for everything
+    submitted; ``abort()`` drops the chunk in flight. An error on a background
+    thread is raised again by the next ``submit`` or by ``close``.
+    """
+
+    def __init__(self, store_uri: str, manifest: dict, process: int, *,
+                 max_pending_steps: int = 4, max_pending_chunks: int = 1,
+                 on_commit: Callable[[chunks_mod.ChunkInfo], None] | None = None):
+        self.store_uri, self.manifest, self.process = store_uri, manifest, process
+        self.on_commit = on_commit
+        self._tag = manifest_mod.store_tag(manifest)
+        self._ranges = chunks_mod.expected_ranges(manifest)
+        self._steps: queue.Queue = queue.Queue(maxsize=max_pending_steps)
+        self._chunks: queue.Queue = queue.Queue(maxsize=max_pending_chunks)
+        self._error: BaseException | None = None
+        self._aborting = threading.Event()
+        self._work_dir = None if paths.is_local(store_uri) else tempfile.mkdtemp(prefix="logit-distill-chunks-")
+        self.committed: list[chunks_mod.ChunkInfo] = []
+        self.busy_seconds = {"encode": 0.0, "commit": 0.0}
+        self._encoder = threading.Thread(target=self._encode_loop, name="ld-encode", daemon=True)
+        self._committer = threading.Thread(target=self._commit_loop, name="ld-commit", daemon=True)
+        self._encoder.start()
+        self._committer.start()
+
+    # -- caller side
+
+    def submit(self, step: int, records: dict) -> None:
+        self._raise_if_failed()
+        while True:
+            try:
+                self._steps.put((step, records), timeout=0.5)
+                return
+            except queue.Full:
+                self._raise_if_failed()
+
+    def close(self) -> list[chunks_mod.ChunkInfo]:
+        """Wait for every submitted step to be written and committed."""
+        self._steps.put(_STOP)
+        self._encoder.join()
+        self._committer.join()
+        self._cleanup()
+        self._raise_if_failed()
+        return self.committed
+
+    def abort(self) -> None:
+        """Stop now: commit chunks already complete, drop the chunk in flight and queued steps."""
+        self._aborting.set()
+        while True:
+            try:
+                self._steps.get_nowait()
+            except queue.Empty:
+                break
+        self._steps.put(_STOP)
+        self._encoder.join()
+        self._committer.join()
+        self._cleanup()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _cleanup(self) -> None:
+        if self._work_dir and os.path.isdir(self._work_dir):
+            for name in os.listdir(self._work_dir):
+                os.remove(os.path.join(self._work_dir, name))
+            os.rmdir(self._work_dir)
+
+    # -- background side
+
+    def _range_of(self, step: int) -> tuple[int, int]:
+        s = self.manifest["layout"]["steps_per_file"]
+        return self._ranges[step // s]
+
+    def _encode_loop(self) -> None:
+        current: ChunkWriter | None = None
+        next_step = None
+        try:
+            while True:
+                item = self._steps.get()
+                if item is _STOP or self._aborting.is_set():
+                    break
+                step, records = item
+                t0 = time.perf_counter()
+                if current is None:
+                    start, end = self._range_of(step)
+                    if step != start:
+                        raise StoreError(f"step {step} submitted, but its chunk starts at step {start}")
+                    current = ChunkWriter(self.store_uri, self.manifest, self.process, start, end, self._work_dir)
+                    next_step = start
+                if step != next_step:
+                    raise StoreError(f"step {step} submitted, expected step {next_step}")
+                for record in encode_step(self.manifest, records, self._tag):
+                    current.write(record)
+                next_step += 1
+                self.busy_seconds["encode"] += time.perf_counter() - t0
+                if next_step == current.end:
+                    self._put_chunk(current)
+                    current = None
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self._error = self._error or e
+        finally:
+            if current is not None:
+                current.abort()
+            self._put_chunk(_STOP)
+
+    def _put_chunk(self, item) -> None:
+        while True:
+            try:
+                self._chunks.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                if self._error is not None and item is not _STOP:
+                    item.abort()
+                    return
+
+    def _commit_loop(self) -> None:
+        while True:
+            item = self._chunks.get()
+            if item is _STOP:
+                return
+            if self._error is not None:
+                item.abort()
+                continue
+            try:
+                t0 = time.perf_counter()
+                info = item.commit()
+                self.busy_seconds["commit"] += time.perf_counter() - t0
+                self.committed.append(info)
+                if self.on_commit is not None:
+                    self.on_commit(info)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                self._error = self._error or e
+                item.abort()
+
+
+def write_examples(store_uri: str, manifest: dict, process: int, examples_by_step: dict[int, dict]) -> None:
+    """Synchronously write whole chunks from ready arrays (tests and synthetic stores)."""
+    writer = BackgroundWriter(store_uri, manifest, process)
+    for step in sorted(examples_by_step):
+        writer.submit(step, examples_by_step[step])
+    writer.close()
+
+
+def as_step_records(batch: dict, example_indices: np.ndarray) -> dict:
+    """Attach ``example_index`` to a batch dict of numpy arrays."""
+    out = {key: np.asarray(value) for key, value in batch.items()}
+    out["example_index"] = np.asarray(example_indices, dtype=np.int64)
+    return out

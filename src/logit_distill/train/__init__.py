@@ -1,0 +1,1 @@
+"""Student training from a logit store: losses, schedules, loader, loop, export."""

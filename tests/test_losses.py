@@ -1,0 +1,489 @@
+"""Distillation losses and schedules against independent float64 NumPy references."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from logit_distill.train import losses as L
+from logit_distill.train import schedules as S
+
+V, K = 37, 5
+
+# Packed rows: several documents, a one-token document, padding, a full row.
+SEGMENTS = np.array(
+    [
+        [1, 1, 1, 1, 2, 2, 2, 3, 3, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+        [1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 0, 0],
+    ],
+    dtype=np.int32,
+)
+
+
+# ------------------------------------------------------------ numpy references
+
+
+def np_mask(seg):
+    b, l = seg.shape
+    m = np.zeros((b, l), bool)
+    for i in range(b):
+        for j in range(l - 1):
+            m[i, j] = seg[i, j] != 0 and seg[i, j + 1] == seg[i, j]
+    return m
+
+
+def np_log_softmax(x):
+    x = np.asarray(x, np.float64)
+    mx = np.max(x)
+    return x - (mx + math.log(np.sum(np.exp(x - mx))))
+
+
+def np_kl(p, q):
+    return sum(pi * (math.log(pi) - math.log(qi)) for pi, qi in zip(p, q) if pi > 0)
+
+
+def np_topk_kl(logits, ids, lp, mask, T):
+    vals = []
+    for b, j in zip(*np.nonzero(mask)):
+        p = np.exp(np_log_softmax(lp[b, j].astype(np.float64) / T))
+        q = np.exp(np_log_softmax(logits[b, j, ids[b, j]].astype(np.float64) / T))
+        vals.append(T * T * np_kl(p, q))
+    return np.mean(vals) if vals else 0.0
+
+
+def np_temper(bins, T):
+    """Tempered distribution over bins with probabilities ``bins``: ∝ bins**(1/T)."""
+    w = np.array([b ** (1.0 / T) if b > 0 else 0.0 for b in bins])
+    return w / w.sum()
+
+
+def np_topk_tail_kl(logits, ids, lp, tail, mask, T):
+    vals = []
+    for b, j in zip(*np.nonzero(mask)):
+        pt = list(np.exp(lp[b, j].astype(np.float64))) + [math.exp(float(tail[b, j]))]
+        full = np.exp(np_log_softmax(logits[b, j]))
+        qk = full[ids[b, j]]
+        rest = np.delete(full, ids[b, j]).sum()  # mass outside the k ids, summed directly
+        qt = list(qk) + [rest]
+        vals.append(T * T * np_kl(np_temper(pt, T), np_temper(qt, T)))
+    return np.mean(vals) if vals else 0.0
+
+
+def np_ce(logits, tokens, mask):
+    vals = [-np_log_softmax(logits[b, j])[tokens[b, j + 1]] for b, j in zip(*np.nonzero(mask))]
+    return np.mean(vals) if vals else 0.0
+
+
+# -------------------------------------------------------- jitted entry points
+# Jitted once per kind (alpha, temperature traced): eager op-by-op dispatch
+# would make these tests several times slower.
+
+
+@functools.lru_cache(maxsize=None)
+def jit_vg(kind):
+    """jitted ``(z, batch, alpha, T) -> ((loss, metrics), dloss/dz)``."""
+    return jax.jit(
+        jax.value_and_grad(
+            lambda z, b, a, t: L.distill_loss(z, b, kind=kind, alpha=a, temperature=t),
+            has_aux=True,
+        )
+    )
+
+
+def jit_loss(kind):
+    return lambda z, b, a, t: jit_vg(kind)(z, b, a, t)[0]
+
+
+def jit_grad(kind):
+    return lambda z, b, a, t: jit_vg(kind)(z, b, a, t)[1]
+
+
+topk_kl = jax.jit(L.topk_kl)  # temperature (a keyword) is traced: one compile per shape
+topk_tail_kl = jax.jit(L.topk_tail_kl)
+cross_entropy = jax.jit(L.cross_entropy)
+topk_kl_per_token = jax.jit(L.topk_kl_per_token)
+topk_tail_kl_per_token = jax.jit(L.topk_tail_kl_per_token)
+
+
+# ---------------------------------------------------------------- test data
+
+
+def make_batch(seed=0, segments=SEGMENTS, v=V, k=K, sharp=3.0):
+    """A teacher with a full distribution over V, stored as top-k + tail, and a student."""
+    rng = np.random.default_rng(seed)
+    b, l = segments.shape
+    teacher_logits = rng.normal(size=(b, l, v)) * sharp
+    full_lp = np.stack(
+        [np.stack([np_log_softmax(teacher_logits[i, j]) for j in range(l)]) for i in range(b)]
+    )
+    ids = np.argsort(-full_lp, axis=-1)[..., :k]
+    lp = np.take_along_axis(full_lp, ids, axis=-1)
+    with np.errstate(divide="ignore"):  # k == V: no tail, log(0) = -inf
+        tail = np.log1p(-np.minimum(np.exp(lp).sum(-1), 1.0))
+    batch = {
+        "tokens": rng.integers(0, v, size=(b, l)).astype(np.int32),
+        "segment_ids": segments.astype(np.int32),
+        "positions": np.zeros((b, l), np.int32),
+        "topk_ids": ids.astype(np.int32),
+        "topk_logprobs": lp.astype(np.float32),
+        "tail_logprob": tail.astype(np.float32),
+    }
+    student = (rng.normal(size=(b, l, v)) * 2.0).astype(np.float32)
+    return batch, student, full_lp
+
+
+def poison_masked(batch):
+    """Garbage teacher fields wherever the mask is off (padding and document ends)."""
+    m = np_mask(batch["segment_ids"])
+    out = dict(batch)
+    out["topk_ids"] = np.where(m[..., None], batch["topk_ids"], 10**6).astype(np.int32)
+    out["topk_logprobs"] = np.where(m[..., None], batch["topk_logprobs"], np.nan).astype(np.float32)
+    out["tail_logprob"] = np.where(m, batch["tail_logprob"], np.nan).astype(np.float32)
+    return out
+
+
+# ------------------------------------------------------------------- mask
+
+
+def test_mask_hand_checked():
+    seg = np.array([[1, 1, 1, 2, 2, 0, 0], [3, 3, 3, 3, 3, 3, 3]], np.int32)
+    expected = np.array(
+        [[1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0]], bool
+    )  # row 0: 0->1, 1->2 in doc 1; 2 is doc 1's last token; 3->4 in doc 2; 4 -> padding
+    np.testing.assert_array_equal(np.asarray(L.next_token_mask(seg)), expected)
+    np.testing.assert_array_equal(np_mask(seg), expected)
+
+    tokens = np.array([[5, 6, 7, 8, 9, 0, 0], [1, 2, 3, 4, 5, 6, 7]], np.int32)
+    logits = np.random.default_rng(1).normal(size=(2, 7, 10)).astype(np.float32)
+    ce, count = cross_entropy(logits, tokens, L.next_token_mask(seg))
+    assert int(count) == 9
+    pairs = [(0, 0, 6), (0, 1, 7), (0, 3, 9)] + [(1, j, j + 2) for j in range(6)]
+    want = np.mean([-np_log_softmax(logits[b, j])[t] for b, j, t in pairs])
+    np.testing.assert_allclose(float(ce), want, rtol=1e-5)
+
+
+def test_targets_are_next_tokens():
+    tok = np.array([[4, 5, 6]], np.int32)
+    np.testing.assert_array_equal(np.asarray(L.next_token_targets(tok)), [[5, 6, 0]])
+
+
+def test_empty_mask_gives_zero_not_nan():
+    batch, student, _ = make_batch(segments=np.zeros((2, 6), np.int32))
+    for fn in (
+        lambda: topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], np.zeros((2, 6), bool)),
+        lambda: cross_entropy(student, batch["tokens"], np.zeros((2, 6), bool)),
+    ):
+        loss, count = fn()
+        assert int(count) == 0 and float(loss) == 0.0
+
+
+# ------------------------------------------------------------ against numpy
+
+
+@pytest.mark.parametrize("T", [1.0, 0.5, 2.0])
+def test_topk_kl_matches_numpy(T):
+    batch, student, _ = make_batch(seed=2)
+    mask = np_mask(SEGMENTS)
+    got, count = topk_kl(
+        student, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=T
+    )
+    assert int(count) == mask.sum()
+    want = np_topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, T)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1.0, 0.5, 2.0])
+def test_topk_tail_kl_matches_numpy(T):
+    batch, student, _ = make_batch(seed=3)
+    mask = np_mask(SEGMENTS)
+    got, count = topk_tail_kl(
+        student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask,
+        temperature=T,
+    )
+    assert int(count) == mask.sum()
+    want = np_topk_tail_kl(
+        student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask, T
+    )
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_cross_entropy_matches_numpy():
+    batch, student, _ = make_batch(seed=4)
+    mask = np_mask(SEGMENTS)
+    got, count = cross_entropy(student, batch["tokens"], mask)
+    assert int(count) == mask.sum()
+    np.testing.assert_allclose(float(got), np_ce(student, batch["tokens"], mask), rtol=1e-5)
+
+
+def test_garbage_at_masked_positions_is_ignored():
+    batch, student, _ = make_batch(seed=5)
+    bad = poison_masked(batch)
+    mask = L.next_token_mask(SEGMENTS)
+    for kind in L.KINDS:
+        clean = jit_loss(kind)(student, batch, 0.5, 2.0)[0]
+        dirty = jit_loss(kind)(student, bad, 0.5, 2.0)[0]
+        assert np.isfinite(float(dirty))
+        np.testing.assert_allclose(float(dirty), float(clean), rtol=1e-6)
+        g = np.asarray(jit_grad(kind)(student, bad, 0.5, 2.0))
+        assert np.all(np.isfinite(g))
+        # No gradient reaches a masked position (padding, document ends, last column).
+        assert np.all(g[~np.asarray(mask)] == 0.0)
+    del mask
+
+
+def test_neg_inf_tail_no_nan():
+    # Teacher puts all its mass on the top-k: tail = -inf (and one top-k entry also -inf).
+    batch, student, _ = make_batch(seed=6)
+    lp = batch["topk_logprobs"].astype(np.float64)
+    lp[..., -1] = -np.inf
+    lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+    batch["topk_logprobs"] = lp.astype(np.float32)
+    batch["tail_logprob"] = np.full(SEGMENTS.shape, -np.inf, np.float32)
+    mask = np_mask(SEGMENTS)
+    for T in (1.0, 2.0):
+        got, _ = topk_tail_kl(
+            student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask,
+            temperature=T,
+        )
+        want = np_topk_tail_kl(
+            student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask, T
+        )
+        np.testing.assert_allclose(float(got), want, rtol=1e-5)
+        got2, _ = topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=T)
+        np.testing.assert_allclose(
+            float(got2), np_topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, T),
+            rtol=1e-5,
+        )
+        for kind in L.KINDS:
+            g = jit_grad(kind)(student, batch, 0.7, T)
+            assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_student_tail_zero_when_k_equals_vocab():
+    # k == V: the student has no mass outside the ids; teacher tail -inf. Finite value and grad.
+    seg = np.array([[1, 1, 1, 0]], np.int32)
+    batch, student, _ = make_batch(seed=7, segments=seg, v=6, k=6)
+    batch["tail_logprob"] = np.full(seg.shape, -np.inf, np.float32)
+    mask = np_mask(seg)
+    f = jax.jit(
+        lambda z: topk_tail_kl(
+            z, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask,
+            temperature=1.5,
+        )[0]
+    )
+    assert np.isfinite(float(f(student)))
+    assert np.all(np.isfinite(np.asarray(jax.jit(jax.grad(f))(student))))
+    np.testing.assert_allclose(
+        float(f(student)),
+        np_topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, 1.5),
+        rtol=1e-5,
+    )
+
+
+def test_bf16_logits_upcast():
+    batch, student, _ = make_batch(seed=8)
+    s16 = jnp.asarray(student, jnp.bfloat16)
+    s32 = np.asarray(s16.astype(jnp.float32))  # the same values, exactly, in float32
+    mask = np_mask(SEGMENTS)
+    # topk_kl gathers the k logits before upcasting; the others upcast [B, L, V].
+    a = topk_kl(s16, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=2.0)[0]
+    b = topk_kl(s32, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=2.0)[0]
+    assert a.dtype == jnp.float32
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+    (a, _), g = jit_vg("topk_tail_kl")(s16, batch, 0.5, 2.0)
+    (b, _), _ = jit_vg("topk_tail_kl")(s32, batch, 0.5, 2.0)
+    assert a.dtype == jnp.float32
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+    assert g.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+def test_vocab_mismatch_is_nan_not_silent():
+    batch, student, _ = make_batch(seed=9)
+    batch["topk_ids"] = batch["topk_ids"].copy()
+    batch["topk_ids"][1, 3, 0] = V + 5  # a teacher id the student vocab lacks, at a valid position
+    loss, _ = topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], np_mask(SEGMENTS))
+    assert np.isnan(float(loss))
+
+
+# ------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("T", [1.0, 3.0])
+def test_kl_nonnegative(T):
+    for seed in range(3):
+        batch, student, _ = make_batch(seed=10 + seed)
+        a = topk_kl_per_token(student, batch["topk_ids"], batch["topk_logprobs"], temperature=T)
+        b = topk_tail_kl_per_token(
+            student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], temperature=T
+        )
+        assert float(jnp.min(a)) >= -1e-6 and float(jnp.min(b)) >= -1e-6
+
+
+@pytest.mark.parametrize("T", [1.0, 0.5, 2.0])
+def test_topk_kl_zero_when_student_matches_on_topk(T):
+    batch, student, _ = make_batch(seed=20)
+    rng = np.random.default_rng(0)
+    z = student.copy()
+    shift = rng.normal(size=SEGMENTS.shape + (1,)) * 5  # per-position constant: softmax-invariant
+    np.put_along_axis(z, batch["topk_ids"], batch["topk_logprobs"] + shift, axis=-1)
+    mask = np_mask(SEGMENTS)
+    loss, _ = topk_kl(z, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=T)
+    assert abs(float(loss)) < 1e-5
+    # ... but the tail loss sees that the student's mass outside the top-k is wrong.
+    tail_loss, _ = topk_tail_kl(
+        z, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], np_mask(SEGMENTS),
+        temperature=T,
+    )
+    assert float(tail_loss) > 1e-2
+
+
+@pytest.mark.parametrize("T", [1.0, 0.5, 2.0])
+def test_topk_tail_kl_zero_when_student_matches_bins(T):
+    batch, _, full_lp = make_batch(seed=21)
+    mask = np_mask(SEGMENTS)
+    # The teacher's own full distribution (shifted) as student: all k+1 bins match.
+    z = (full_lp + 3.0).astype(np.float32)
+    loss, _ = topk_tail_kl(
+        z, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask, temperature=T
+    )
+    assert abs(float(loss)) < 1e-5
+    # A different spread of the same tail mass over the non-top-k ids is still a match.
+    rng = np.random.default_rng(1)
+    z2 = full_lp.copy()
+    for b, j in zip(*np.nonzero(mask)):
+        out = np.setdiff1d(np.arange(V), batch["topk_ids"][b, j])
+        w = rng.dirichlet(np.ones(out.size))
+        z2[b, j, out] = np.log(w) + batch["tail_logprob"][b, j]
+    loss2, _ = topk_tail_kl(
+        z2.astype(np.float32), batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"],
+        mask, temperature=T,
+    )
+    assert abs(float(loss2)) < 1e-5
+
+
+def test_tail_loss_equals_topk_loss_when_teacher_and_student_have_no_tail():
+    batch, student, _ = make_batch(seed=22, v=K, k=K)
+    batch["tail_logprob"] = np.full(SEGMENTS.shape, -np.inf, np.float32)
+    mask = np_mask(SEGMENTS)
+    a, _ = topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=2.0)
+    b, _ = topk_tail_kl(
+        student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask,
+        temperature=2.0,
+    )
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+
+
+# ------------------------------------------------------------- distill_loss
+
+
+@pytest.mark.parametrize("kind", L.KINDS)
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0])
+def test_distill_loss_mixing(kind, alpha):
+    batch, student, _ = make_batch(seed=30)
+    mask = np_mask(SEGMENTS)
+    T = 2.0
+    loss, m = jit_loss(kind)(student, batch, alpha, T)
+    ce = np_ce(student, batch["tokens"], mask)
+    if kind == "topk_kl":
+        kd = np_topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, T)
+    else:
+        kd = np_topk_tail_kl(
+            student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask, T
+        )
+    assert int(m["num_tokens"]) == mask.sum()
+    np.testing.assert_allclose(float(m["ce_loss"]), ce, rtol=1e-5)
+    np.testing.assert_allclose(float(m["kd_loss"]), kd, rtol=1e-5)
+    np.testing.assert_allclose(float(loss), alpha * kd + (1 - alpha) * ce, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", L.KINDS)
+def test_alpha_zero_is_exactly_ce_even_with_invalid_teacher(kind):
+    batch, student, _ = make_batch(seed=31)
+    mask = np_mask(SEGMENTS)
+    bad = dict(batch)
+    bad["topk_logprobs"] = np.full_like(batch["topk_logprobs"], np.nan)
+    bad["tail_logprob"] = np.full_like(batch["tail_logprob"], np.nan)
+    bad["topk_ids"] = np.full_like(batch["topk_ids"], 10**6)
+
+    ce_fn = lambda z: L.cross_entropy(z, batch["tokens"], mask)[0]  # noqa: E731
+    ce, g_ce = jax.jit(jax.value_and_grad(ce_fn))(student)
+
+    # Traced alpha (a schedule under jit): value and gradient are exactly CE's.
+    (loss, m), g = jit_vg(kind)(student, bad, 0.0, 2.0)
+    assert float(loss) == float(ce) and float(m["ce_loss"]) == float(ce)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ce), rtol=1e-6, atol=1e-9)
+    assert np.isnan(float(m["kd_loss"]))  # the metric is honest about the bad teacher
+    # ... which is really used when alpha > 0.
+    assert np.isnan(float(jit_loss(kind)(student, bad, 0.5, 2.0)[0]))
+
+    # Concrete alpha 0 without any teacher field.
+    plain = {k: batch[k] for k in ("tokens", "segment_ids", "positions")}
+    loss, m = L.distill_loss(student, plain, kind=kind, alpha=0.0)
+    assert float(loss) == float(ce) and np.isnan(float(m["kd_loss"]))
+    with pytest.raises(KeyError):
+        L.distill_loss(student, plain, kind=kind, alpha=0.5)
+
+
+def test_distill_loss_traced_temperature_and_bad_args():
+    batch, student, _ = make_batch(seed=32)
+    mask = np_mask(SEGMENTS)
+    got = jit_loss("topk_tail_kl")(student, batch, 0.5, 1.7)[0]  # alpha and T both traced
+    kd = np_topk_tail_kl(
+        student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask, 1.7
+    )
+    want = 0.5 * kd + 0.5 * np_ce(student, batch["tokens"], mask)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    with pytest.raises(ValueError, match="kind"):
+        L.distill_loss(student, batch, kind="reverse_kl")
+    with pytest.raises(ValueError, match="temperature"):
+        L.distill_loss(student, batch, temperature=0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        L.distill_loss(student, batch, alpha=1.5)
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_alpha_schedules():
+    c = S.alpha_schedule("constant", 0.5)
+    assert [float(c(s)) for s in (0, 10, 10**6)] == [0.5, 0.5, 0.5]
+    with pytest.raises(ValueError):
+        S.alpha_schedule("constant", 0.5, 0.3, 100)
+
+    lin = S.alpha_schedule("linear", 0.7, 0.3, 100)
+    np.testing.assert_allclose(
+        [float(lin(s)) for s in (0, 50, 100, 500)], [0.7, 0.5, 0.3, 0.3], atol=1e-6
+    )
+
+    cos = S.alpha_schedule("cosine", 0.7, 0.3, 100)
+    want = [0.7, 0.3 + 0.4 * (1 + math.cos(math.pi * 0.25)) / 2, 0.5, 0.3, 0.3]
+    np.testing.assert_allclose([float(cos(s)) for s in (0, 25, 50, 100, 500)], want, atol=1e-6)
+
+    up = S.alpha_schedule("cosine", 0.0, 0.5, 10)  # ramp up from 0
+    np.testing.assert_allclose([float(up(s)) for s in (0, 5, 10)], [0.0, 0.25, 0.5], atol=1e-6)
+
+    # Traced steps inside jit.
+    vals = jax.jit(jax.vmap(cos))(jnp.array([0, 50, 100], jnp.int32))
+    np.testing.assert_allclose(np.asarray(vals), [0.7, 0.5, 0.3], atol=1e-6)
+
+    for bad in (("sigmoid", 0.5, 0.5, 10), ("linear", 0.5, 0.1, 0), ("linear", 1.5, 0.1, 10)):
+        with pytest.raises(ValueError):
+            S.alpha_schedule(*bad)
+
+
+def test_learning_rate_schedule():
+    lr = S.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110, end_fraction=0.1)
+    np.testing.assert_allclose(float(lr(0)), 0.0, atol=1e-12)
+    np.testing.assert_allclose(float(lr(5)), 5e-4, rtol=1e-5)
+    np.testing.assert_allclose(float(lr(10)), 1e-3, rtol=1e-5)
+    np.testing.assert_allclose(float(lr(60)), 1e-4 + 0.9e-3 * 0.5, rtol=1e-5)  # cosine midpoint
+    np.testing.assert_allclose(float(lr(110)), 1e-4, rtol=1e-5)
+    np.testing.assert_allclose(float(lr(1000)), 1e-4, rtol=1e-5)
+    with pytest.raises(ValueError):
+        S.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=10)
