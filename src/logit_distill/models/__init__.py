@@ -1,0 +1,44 @@
+"""Teacher and student decoders: Qwen3, Qwen2, Llama 3, Gemma 3 (text).
+
+- ``load_model(spec, *, dtype="float32")``: an HF checkpoint dir/URI or ``preset:NAME[@SEED]``.
+- ``LoadedModel.apply(params, tokens, positions, segment_ids) -> float32 logits [B, L, V]``:
+  pure, jit-able; attention is causal and never crosses segments (0 = padding).
+- ``init_params`` / ``build_model``: a random student for an HF config.
+- ``save_hf_checkpoint``: config.json + model.safetensors (+ tokenizer) for transformers.
+- ``shard_params``: place params on a mesh (``replicate`` | ``fsdp``).
+
+See docs/MODELS.md.
+"""
+
+from .checkpoint import (
+    LoadedModel,
+    build_model,
+    checkpoint_identity,
+    forward_logits,
+    init_params,
+    load_model,
+    save_hf_checkpoint,
+)
+from .config import ARCHITECTURES, FAMILIES, DecoderConfig, from_hf_config
+from .decoder import apply, attention_mask
+from .presets import PRESETS, materialize_preset
+from .sharding import shard_params
+
+__all__ = [
+    "ARCHITECTURES",
+    "FAMILIES",
+    "PRESETS",
+    "DecoderConfig",
+    "LoadedModel",
+    "apply",
+    "attention_mask",
+    "build_model",
+    "checkpoint_identity",
+    "forward_logits",
+    "from_hf_config",
+    "init_params",
+    "load_model",
+    "materialize_preset",
+    "save_hf_checkpoint",
+    "shard_params",
+]

@@ -1,0 +1,237 @@
+"""One compact pure-JAX decoder for Qwen3, Qwen2, Llama 3 and Gemma 3 (text).
+
+Why our own and not the Tunix model zoo: see docs/MODELS.md (Tunix 0.1.7
+ignores the checkpoint's rope_theta and Llama 3.1 rope scaling, its modules are
+stateful Flax NNX objects built from hard-coded presets rather than from
+config.json, and its loader fails with a mesh on jax 0.10.2). The families
+differ only in a handful of switches, all in ``DecoderConfig``.
+
+Parameters are a plain pytree: nested dicts (and a list for the layers) whose
+paths are the HF tensor names split at the dots, e.g.
+``params["model"]["layers"][3]["self_attn"]["q_proj"]["weight"]``; matrices
+keep the HF ``[out, in]`` layout, so loading and saving are renames-free.
+``apply(cfg, params, tokens, positions, segment_ids)`` is pure and jit-able.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import DecoderConfig
+
+_NEG = float(np.finfo(np.float32).min)
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def expected_tensors(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, exactly the set a checkpoint of ``cfg`` holds."""
+    d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qd, kd = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    out = {"model.embed_tokens.weight": (cfg.vocab_size, d), "model.norm.weight": (d,)}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, d)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out[p + "self_attn.q_proj.weight"] = (qd, d)
+        out[p + "self_attn.k_proj.weight"] = (kd, d)
+        out[p + "self_attn.v_proj.weight"] = (kd, d)
+        out[p + "self_attn.o_proj.weight"] = (d, qd)
+        if cfg.qkv_bias:
+            out[p + "self_attn.q_proj.bias"] = (qd,)
+            out[p + "self_attn.k_proj.bias"] = (kd,)
+            out[p + "self_attn.v_proj.bias"] = (kd,)
+        if cfg.o_bias:
+            out[p + "self_attn.o_proj.bias"] = (d,)
+        if cfg.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (hd,)
+            out[p + "self_attn.k_norm.weight"] = (hd,)
+        out[p + "mlp.gate_proj.weight"] = (f, d)
+        out[p + "mlp.up_proj.weight"] = (f, d)
+        out[p + "mlp.down_proj.weight"] = (d, f)
+        if cfg.mlp_bias:
+            out[p + "mlp.gate_proj.bias"] = (f,)
+            out[p + "mlp.up_proj.bias"] = (f,)
+            out[p + "mlp.down_proj.bias"] = (d,)
+        out[p + "input_layernorm.weight"] = (d,)
+        out[p + "post_attention_layernorm.weight"] = (d,)
+        if cfg.gemma_norms:
+            out[p + "pre_feedforward_layernorm.weight"] = (d,)
+            out[p + "post_feedforward_layernorm.weight"] = (d,)
+    return out
+
+
+def unflatten(cfg: DecoderConfig, flat: dict) -> dict:
+    """{HF name: array} -> params pytree (layers as a list)."""
+    params: dict = {"model": {"layers": [{} for _ in range(cfg.num_layers)]}}
+    for name, arr in flat.items():
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"]:
+            node = params["model"]["layers"][int(parts[2])]
+            parts = parts[3:]
+        else:
+            node = params
+        for k in parts[:-1]:
+            node = node.setdefault(k, {})
+        node[parts[-1]] = arr
+    return params
+
+
+def flatten(params: dict) -> dict:
+    """params pytree -> {HF name: array}."""
+    out = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else k)
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{prefix}.{i}")
+        else:
+            out[prefix] = node
+
+    walk(params, "")
+    return out
+
+
+# ----------------------------------------------------------------------------- init
+
+
+def init_flat(cfg: DecoderConfig, seed: int, dtype, initializer_range: float = 0.02) -> dict:
+    """Deterministic random weights, by name: N(0, initializer_range) matrices,
+    norms at identity (1, or 0 for Gemma's (1 + w) norms), zero biases.
+
+    Host-side numpy with one generator per tensor name, so a tensor's values do
+    not depend on the other tensors or on the device.
+    """
+    out = {}
+    for name, shape in expected_tensors(cfg).items():
+        if name.endswith("norm.weight"):
+            a = np.zeros(shape, np.float32) if cfg.gemma_norms else np.ones(shape, np.float32)
+        elif name.endswith(".bias"):
+            a = np.zeros(shape, np.float32)
+        else:
+            rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
+            a = rng.normal(0.0, initializer_range, size=shape).astype(np.float32)
+        out[name] = jnp.asarray(a, dtype=dtype)
+    return out
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _rms_norm(cfg: DecoderConfig, x, w):
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+    if cfg.gemma_norms:  # Gemma: (x * (1 + w)) in float32, then cast
+        return (y * (1.0 + w.astype(jnp.float32))).astype(dtype)
+    return w * y.astype(dtype)  # Llama/Qwen: cast, then scale
+
+
+def _linear(x, p):
+    y = jnp.einsum("...i,oi->...o", x, p["weight"])
+    if "bias" in p:
+        y = y + p["bias"]
+    return y
+
+
+def _rope(x, positions, inv_freq):
+    """x [B, L, H, Dh]; rotate-half RoPE as in transformers (cos/sin in float32)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, L, Dh]
+    cos = jnp.cos(emb).astype(x.dtype)[:, :, None, :]
+    sin = jnp.sin(emb).astype(x.dtype)[:, :, None, :]
+    h = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return x * cos + rot * sin
+
+
+def attention_mask(positions, segment_ids, window: int | None = None):
+    """[B, L, L] bool: causal, same nonzero segment, within ``window`` positions.
+
+    A padding row (segment 0) attends to itself only, so it stays finite.
+    """
+    seg_q = segment_ids[:, :, None]
+    seg_k = segment_ids[:, None, :]
+    L = segment_ids.shape[1]
+    idx = jnp.arange(L)
+    causal = idx[None, :, None] >= idx[None, None, :]
+    mask = causal & (seg_q == seg_k) & (seg_q > 0)
+    if window is not None:
+        dist = positions[:, :, None] - positions[:, None, :]
+        mask = mask & (dist < window)
+    pad_self = (seg_q == 0) & (idx[None, :, None] == idx[None, None, :])
+    return mask | pad_self
+
+
+def _attention(cfg: DecoderConfig, p, x, positions, mask, inv_freq):
+    B, L, _ = x.shape
+    H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q = _linear(x, p["q_proj"]).reshape(B, L, H, Dh)
+    k = _linear(x, p["k_proj"]).reshape(B, L, K, Dh)
+    v = _linear(x, p["v_proj"]).reshape(B, L, K, Dh)
+    if cfg.qk_norm:
+        q = _rms_norm(cfg, q, p["q_norm"]["weight"])
+        k = _rms_norm(cfg, k, p["k_norm"]["weight"])
+    q = _rope(q, positions, inv_freq)
+    k = _rope(k, positions, inv_freq)
+    q = q.reshape(B, L, K, H // K, Dh)
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, k) * jnp.asarray(cfg.query_scale, q.dtype)
+    scores = scores.astype(jnp.float32)
+    if cfg.attn_logit_softcapping:
+        c = cfg.attn_logit_softcapping
+        scores = jnp.tanh(scores / c) * c
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgls,bskd->blkgd", probs, v).reshape(B, L, H * Dh)
+    return _linear(out, p["o_proj"])
+
+
+def _mlp(cfg: DecoderConfig, p, x):
+    g = _linear(x, p["gate_proj"])
+    act = jax.nn.silu(g) if cfg.activation == "silu" else jax.nn.gelu(g, approximate=True)
+    return _linear(act * _linear(x, p["up_proj"]), p["down_proj"])
+
+
+def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids):
+    """float32 logits [B, L, V] for int32 tokens/positions/segment_ids [B, L]."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    positions = jnp.asarray(positions, jnp.int32)
+    segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    m = params["model"]
+    embed = m["embed_tokens"]["weight"]
+    x = jnp.take(embed, tokens, axis=0)
+    if cfg.gemma_norms:
+        x = x * jnp.asarray(cfg.hidden_size**0.5, embed.dtype)
+    masks = {w: attention_mask(positions, segment_ids, w) for w in set(cfg.layer_windows)}
+    for i, lp in enumerate(m["layers"]):
+        mask = masks[cfg.layer_windows[i]]
+        inv = cfg.inv_freq(cfg.layer_rope[i])
+        h = _rms_norm(cfg, x, lp["input_layernorm"]["weight"])
+        h = _attention(cfg, lp["self_attn"], h, positions, mask, inv)
+        if cfg.gemma_norms:
+            h = _rms_norm(cfg, h, lp["post_attention_layernorm"]["weight"])
+            x = x + h
+            h = _rms_norm(cfg, x, lp["pre_feedforward_layernorm"]["weight"])
+            h = _mlp(cfg, lp["mlp"], h)
+            h = _rms_norm(cfg, h, lp["post_feedforward_layernorm"]["weight"])
+            x = x + h
+        else:
+            x = x + h
+            h = _rms_norm(cfg, x, lp["post_attention_layernorm"]["weight"])
+            x = x + _mlp(cfg, lp["mlp"], h)
+    x = _rms_norm(cfg, x, m["norm"]["weight"])
+    head = embed if cfg.tie_embeddings else params["lm_head"]["weight"]
+    # float32 accumulation for the logits whatever the weight dtype
+    logits = jnp.einsum("bld,vd->blv", x, head, preferred_element_type=jnp.float32)
+    if cfg.final_logit_softcapping:
+        c = cfg.final_logit_softcapping
+        logits = jnp.tanh(logits / c) * c
+    return logits.astype(jnp.float32)

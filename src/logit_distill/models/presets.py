@@ -1,0 +1,254 @@
+"""Tiny model presets with random weights, written as real HF checkpoints.
+
+``load_model("preset:tiny-qwen3")`` (or ``preset:NAME@SEED``) materializes the
+preset once into ``$LOGIT_DISTILL_CACHE/presets/`` and then loads it through
+the ordinary checkpoint path, so presets exercise the real loader.
+
+The configs keep each family's published settings (rope_theta, rope scaling,
+norms, biases, tied embeddings, sliding windows) and shrink only the sizes.
+The tokenizer is a byte-level BPE without merges: the 256 byte symbols plus a
+few special tokens, built with HF ``tokenizers`` (deterministic, no data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+
+from .. import paths
+from ..errors import InputError
+
+_COMMON = {
+    "bos_token_id": 256,
+    "eos_token_id": 256,
+    "initializer_range": 0.02,
+    "attention_dropout": 0.0,
+    "use_cache": True,
+    "torch_dtype": "float32",
+}
+
+PRESETS: dict[str, dict] = {
+    # Qwen3 (as Qwen3-0.6B: tied embeddings; qk-norm, rope_theta 1e6)
+    "tiny-qwen3": {
+        **_COMMON,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 2,
+    },
+    # Llama 3.1 (rope_scaling llama3, factor 8, rope_theta 5e5, untied)
+    "tiny-llama3": {
+        **_COMMON,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "tie_word_embeddings": False,
+    },
+    # Qwen2.5 (q/k/v biases, no qk-norm, untied as the 7B)
+    "tiny-qwen2": {
+        **_COMMON,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": 512,
+        "max_window_layers": 2,
+    },
+    # Gemma 3 text (as gemma-3-1b: local/global layers, qk-norm, (1+w) norms, tied)
+    "tiny-gemma3": {
+        **_COMMON,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "bos_token_id": 256,
+        "pad_token_id": 257,
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": None,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    },
+    # a slightly bigger Qwen3 for demos (about 3.3M parameters)
+    "small-qwen3": {
+        **_COMMON,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 4,
+    },
+}
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]  # ids 256, 257
+
+
+def _bytes_to_unicode() -> list[str]:
+    """The GPT-2 byte -> printable symbol table, in byte order (what ByteLevel uses)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def build_tokenizer():
+    """A byte-level ``tokenizers.Tokenizer``: ids 0..255 are bytes, then SPECIAL_TOKENS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {sym: i for i, sym in enumerate(_bytes_to_unicode())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
+
+
+def write_tokenizer(out_dir: str, max_len: int) -> None:
+    """tokenizer.json + tokenizer_config.json into a local directory."""
+    build_tokenizer().save(os.path.join(out_dir, "tokenizer.json"))
+    tcfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": SPECIAL_TOKENS[0],
+        "bos_token": SPECIAL_TOKENS[0],
+        "pad_token": SPECIAL_TOKENS[1],
+        "model_max_length": max_len,
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(tcfg, f, indent=2)
+
+
+def _preset_config(name: str) -> dict:
+    if name not in PRESETS:
+        raise InputError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    return json.loads(json.dumps(PRESETS[name]))
+
+
+def parse_preset_spec(spec: str) -> tuple[str, int]:
+    """``preset:NAME`` or ``preset:NAME@SEED`` -> (NAME, SEED)."""
+    body = spec[len("preset:"):] if spec.startswith("preset:") else spec
+    name, _, seed = body.partition("@")
+    try:
+        seed_i = int(seed) if seed else 0
+    except ValueError:
+        raise InputError(f"bad preset seed in {spec!r}: {seed!r} is not an integer") from None
+    _preset_config(name)
+    return name, seed_i
+
+
+def materialize_preset(name: str, out_dir: str, seed: int = 0) -> str:
+    """Write preset ``name`` with random weights from ``seed`` as an HF checkpoint in ``out_dir``."""
+    from .checkpoint import build_model, init_params, save_hf_checkpoint
+
+    hf_config = _preset_config(name)
+    params = init_params(hf_config, seed, "float32")
+    loaded = build_model(hf_config, params, identity={"kind": "preset", "preset": name, "seed": seed})
+    tmp = os.path.join(paths.default_cache_dir("tmp"), f"tok-{uuid.uuid4().hex}")
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        write_tokenizer(tmp, hf_config["max_position_embeddings"])
+        save_hf_checkpoint(loaded, params, out_dir, tokenizer_path=os.path.join(tmp, "tokenizer.json"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def preset_dir(name: str, seed: int = 0) -> str:
+    """Local checkpoint directory of a preset, materialized on first use (atomic rename)."""
+    cfg = _preset_config(name)
+    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    final = paths.default_cache_dir("presets", f"{name}-{seed}-{digest}")
+    if os.path.exists(os.path.join(final, "config.json")):
+        return final
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+    try:
+        materialize_preset(name, tmp, seed)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.exists(os.path.join(final, "config.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
