@@ -241,7 +241,8 @@ def test_presets_load_and_match_transformers():
 
     for name in PRESETS:
         m = load_model(f"preset:{name}")
-        assert m.identity == {"kind": "preset", "preset": name, "seed": 0}
+        assert {k: m.identity[k] for k in ("kind", "preset", "seed")} == {"kind": "preset", "preset": name, "seed": 0}
+        assert len(m.identity["fingerprint"]) == 64
         assert m.source == f"preset:{name}"
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             preset_dir(name), attn_implementation="eager", dtype=torch.float32

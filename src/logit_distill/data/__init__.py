@@ -5,7 +5,7 @@ from logit_distill.errors import InputError
 
 from .inputs import TOKEN_DTYPE, write_pretokenized
 from .order import document_order
-from .source import ExampleSource
+from .source import ExampleSource, plan_identity, settings_identity
 from .token_cache import default_cache_dir
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -17,5 +17,7 @@ __all__ = [
     "default_cache_dir",
     "document_order",
     "load_tokenizer",
+    "plan_identity",
+    "settings_identity",
     "write_pretokenized",
 ]

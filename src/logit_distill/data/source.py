@@ -17,6 +17,51 @@ from .tokenizer import Tokenizer, load_tokenizer
 
 FORMAT = "logit-distill-data/1"
 ORDER = "splitmix64-argsort/1"
+# Identity fields that follow from the others (counted while tokenizing); left out of store
+# fingerprints so that a fingerprint can be planned before any tokenizing.
+DERIVED_FIELDS = ("num_documents", "num_tokens", "num_examples")
+
+
+def settings_identity(identity: dict) -> dict:
+    """``identity`` without the fields derived by tokenizing (see ``plan_identity``)."""
+    return {k: v for k, v in identity.items() if k not in DERIVED_FIELDS}
+
+
+def plan_identity(
+    data: str,
+    tokenizer_path: str | None,
+    *,
+    seq_len: int,
+    packing: bool = True,
+    seed: int = 0,
+    text_field: str = "text",
+    cache_dir: str | None = None,
+) -> dict:
+    """``settings_identity(ExampleSource.open(...).identity)`` without tokenizing anything.
+
+    Reads the tokenizer and hashes the data files (cached locally; on GCS the
+    objects' checksums are used), so a pipeline can name a store before the
+    expensive work starts.
+    """
+    inputs = resolve_inputs(data)
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    if inputs.kind == JSONL and tokenizer is None:
+        raise InputError(f"data {data} is JSONL text: a tokenizer (tokenizer.json) is needed to tokenize it")
+    cache_dir = (cache_dir or default_cache_dir()).removeprefix("file://")
+    eos_id = tokenizer.eos_id if tokenizer is not None else None
+    return {
+        "format": FORMAT,
+        "order": ORDER,
+        "data_kind": inputs.kind,
+        "data_sha256": data_identity(inputs, os.path.join(cache_dir, "hashes")),
+        "tokenizer_sha256": tokenizer.identity if tokenizer is not None else None,
+        "eos_id": eos_id,
+        "pad_id": eos_id if eos_id is not None else 0,
+        "text_field": text_field if inputs.kind == JSONL else None,
+        "seed": int(seed),
+        "seq_len": int(seq_len),
+        "packing": bool(packing),
+    }
 
 
 class ExampleSource:

@@ -231,10 +231,37 @@ def load_model(spec: str, *, dtype: str = "float32", mesh=None, shard_mode: str 
 
         name, seed = parse_preset_spec(spec)
         loaded = load_checkpoint(preset_dir(name, seed), dtype=dtype, mesh=mesh, shard_mode=shard_mode)
-        loaded.identity = {"kind": "preset", "preset": name, "seed": seed}
+        # The weights' fingerprint too: a preset whose definition changes is another teacher.
+        loaded.identity = {"kind": "preset", "preset": name, "seed": seed,
+                           "fingerprint": loaded.identity["fingerprint"]}
         loaded.source = spec
         return loaded
     return load_checkpoint(spec, dtype=dtype, mesh=mesh, shard_mode=shard_mode)
+
+
+def describe_model(spec: str) -> tuple[dict, dict, str | None]:
+    """(hf_config, identity, local tokenizer path) of ``spec`` without reading the weights.
+
+    The identity equals ``load_model(spec).identity``: a store can be named
+    (planned) before a large teacher is loaded.
+    """
+    if spec.startswith("preset:"):
+        from .presets import parse_preset_spec, preset_dir
+
+        name, seed = parse_preset_spec(spec)
+        hf_config, identity, tokenizer = describe_model(preset_dir(name, seed))
+        return hf_config, {"kind": "preset", "preset": name, "seed": seed,
+                           "fingerprint": identity["fingerprint"]}, tokenizer
+    uri = spec.rstrip("/")
+    cfg_uri = paths.join(uri, "config.json")
+    if not paths.exists(cfg_uri):
+        raise InputError(f"{uri}: no config.json (is this an HF checkpoint directory?)")
+    try:
+        hf_config = json.loads(paths.read_bytes(cfg_uri))
+    except ValueError as e:
+        raise InputError(f"{cfg_uri}: not valid JSON ({e})") from None
+    family_of(hf_config)
+    return hf_config, checkpoint_identity(uri), _local_tokenizer(uri)
 
 
 # ----------------------------------------------------------------------------- saving

@@ -155,6 +155,20 @@ PRESETS: dict[str, dict] = {
     },
 }
 
+# The demo's teacher: a Qwen3 whose larger random weights (initializer_range 0.25) give
+# peaked next-token distributions (entropy about 3 nats of a possible 6.2), so that
+# data sampled from it has structure a student can learn, and the teacher is its best model.
+PRESETS["demo-teacher"] = {
+    **PRESETS["small-qwen3"],
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 1024,
+    "initializer_range": 0.25,
+}
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]  # ids 256, 257
 
 

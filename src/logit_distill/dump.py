@@ -1,0 +1,495 @@
+"""The teacher dump: run the teacher once over the data and keep its top-k in a logit store.
+
+Resume is a scan: on start the committed chunks are listed, and every chunk
+range that is missing (gaps included, not just the tail) is computed again;
+the data order is a pure function of its inputs, so reaching step N is a
+seek, not a replay. A SIGTERM/SIGINT stops taking steps, lets the chunks that
+are complete commit, drops the chunk in flight and exits non-zero.
+
+Multi-host (JAX multi-controller): the batch of a step is split over
+processes in order (process p owns examples [p*b, (p+1)*b) of each step) and
+each process writes its own chunks. Every process lists the same committed
+chunks after a barrier, so all agree on which steps run; a process whose
+chunk for a range already exists computes along (the forward is SPMD) but
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from . import paths
+from . import store as store_mod
+from .errors import InputError, LogitDistillError, StoreError
+from .store import manifest as manifest_mod
+
+log = logging.getLogger("logit_distill.dump")
+
+
+class DumpInterrupted(LogitDistillError):
+    """The dump stopped on a signal; committed chunks are kept and a re-run resumes."""
+
+
+@dataclasses.dataclass
+class DumpConfig:
+    teacher: str  # HF checkpoint dir/URI or preset:NAME[@SEED]
+    data: str  # JSONL / pre-tokenized ArrayRecord file, glob or directory
+    output: str  # store location (local path, file:// or gs://)
+    top_k: int = 64
+    seq_len: int = 512
+    batch_size: int = 8  # examples per step, across all processes
+    num_steps: int | None = None  # default: every full batch of the data
+    steps_per_file: int = 50
+    codec: str = "default"
+    seed: int = 0
+    packing: bool = True
+    dtype: str = "float32"
+    text_field: str = "text"
+    tokenizer: str | None = None  # default: the teacher's tokenizer.json
+    sharding: str = "replicate"  # teacher params: replicate | fsdp
+    array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
+    max_pending_steps: int = 4
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class DumpResult:
+    store: str
+    fingerprint: str
+    dump_key: str
+    num_steps: int
+    resumed_from_step: int
+    steps_run: int
+    chunks_present_at_start: int
+    chunks_written: int
+    chunks_expected: int
+    examples: int
+    tokens: int
+    store_bytes: int
+    bytes_per_entry: float
+    tokens_per_s: float
+    elapsed_s: float
+    complete: bool
+
+    def summary(self) -> str:
+        return (
+            f"store {self.store}: {self.examples} examples, {self.tokens} tokens, "
+            f"{self.chunks_expected} chunks ({self.chunks_written} written now, resumed at step "
+            f"{self.resumed_from_step}), {self.store_bytes / 1e6:.1f} MB, "
+            f"{self.bytes_per_entry:.3f} bytes/entry, {self.tokens_per_s:.0f} tokens/s"
+        )
+
+
+# ----------------------------------------------------------------- set-up
+
+
+def _process_info() -> tuple[int, int]:
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def _barrier(name: str) -> None:
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _check_settings(config: DumpConfig) -> None:
+    for name in ("top_k", "seq_len", "batch_size", "steps_per_file"):
+        if getattr(config, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+    if config.num_steps is not None and config.num_steps < 1:
+        raise InputError(f"--num-steps must be >= 1, got {config.num_steps}")
+    if config.codec not in ("exact", "default"):
+        raise InputError(f"--codec must be exact or default, got {config.codec!r}")
+    if config.dtype not in ("float32", "bfloat16"):
+        raise InputError(f"--dtype must be float32 or bfloat16, got {config.dtype!r}")
+
+
+def plan_manifest(config: DumpConfig, num_processes: int = 1) -> dict:
+    """The manifest (hence fingerprint and dump key) of ``config``, without loading the teacher's
+    weights or tokenizing the data. Needs ``config.num_steps``.
+
+    The pipeline names the store ``<output_root>/teacher_topk/<dump_key>/`` from this
+    before the dump starts; ``run_dump`` writes exactly this manifest.
+    """
+    from .data import plan_identity
+    from .models import describe_model
+
+    _check_settings(config)
+    if config.num_steps is None:
+        raise InputError("planning a store needs --num-steps")
+    if config.batch_size % num_processes:
+        raise InputError(f"--batch-size {config.batch_size} is not divisible by the {num_processes} processes")
+    hf_config, teacher_identity, teacher_tokenizer = describe_model(config.teacher)
+    vocab_size = int(hf_config["vocab_size"])
+    max_len = int(hf_config.get("max_position_embeddings") or 0)
+    if max_len and config.seq_len > max_len:
+        raise InputError(
+            f"--seq-len {config.seq_len} exceeds the teacher's maximum of {max_len} "
+            f"positions (max_position_embeddings in {config.teacher})"
+        )
+    if config.top_k > vocab_size:
+        raise InputError(f"--top-k {config.top_k} exceeds the teacher's vocabulary of {vocab_size}")
+    data_identity = plan_identity(
+        config.data, config.tokenizer or teacher_tokenizer, seq_len=config.seq_len,
+        packing=config.packing, seed=config.seed, text_field=config.text_field,
+    )
+    manifest = store_mod.build_manifest(
+        seq_len=config.seq_len, top_k=config.top_k, vocab_size=vocab_size, codec=config.codec,
+        num_steps=config.num_steps, examples_per_step=config.batch_size,
+        steps_per_file=config.steps_per_file, num_processes=num_processes,
+        array_record_options=config.array_record_options,
+        content={
+            "teacher": teacher_identity,
+            "teacher_dtype": config.dtype,
+            "data": data_identity,
+            "selection": "float32 log-softmax; jax.lax.top_k; tail = logsumexp outside the top-k",
+        },
+    )
+    manifest["info"]["teacher_spec"] = config.teacher
+    manifest["info"]["data_spec"] = config.data
+    return manifest
+
+
+def prepare(config: DumpConfig):
+    """Load the teacher and the data, check them against each other, build the manifest.
+
+    Returns (teacher, source, manifest). Raises InputError on bad input before
+    anything is written.
+    """
+    from .data import ExampleSource, settings_identity
+    from .models import load_model
+
+    _check_settings(config)
+    process, num_processes = _process_info()
+    if config.batch_size % num_processes:
+        raise InputError(f"--batch-size {config.batch_size} is not divisible by the {num_processes} processes")
+    teacher = load_model(config.teacher, dtype=config.dtype)
+    if config.seq_len > teacher.max_seq_len:
+        raise InputError(
+            f"--seq-len {config.seq_len} exceeds the teacher's maximum of {teacher.max_seq_len} "
+            f"positions (max_position_embeddings in {config.teacher})"
+        )
+    source = ExampleSource.open(
+        config.data, config.tokenizer or teacher.tokenizer_path, seq_len=config.seq_len,
+        packing=config.packing, seed=config.seed, text_field=config.text_field,
+    )
+    source.check_vocab(teacher.vocab_size)
+    available = len(source) // config.batch_size
+    if available < 1:
+        raise InputError(
+            f"{config.data} gives {len(source)} examples of {config.seq_len} tokens: fewer than one "
+            f"batch of {config.batch_size}; lower --batch-size or --seq-len, or add data"
+        )
+    num_steps = config.num_steps if config.num_steps is not None else available
+    if num_steps > available:
+        raise InputError(
+            f"--num-steps {num_steps}: the data gives {len(source)} examples, enough for 1..{available} "
+            f"steps of {config.batch_size}"
+        )
+    manifest = plan_manifest(dataclasses.replace(config, num_steps=num_steps), num_processes)
+    # The plan and what was loaded must describe the same teacher and data.
+    assert manifest["content"]["teacher"] == teacher.identity, "teacher identity changed while loading"
+    assert manifest["content"]["data"] == settings_identity(source.identity), "data identity mismatch"
+    return teacher, source, manifest
+
+
+def _check_output_reachable(uri: str) -> None:
+    try:
+        paths.exists(uri)
+    except Exception as e:  # noqa: BLE001 - network and permission errors of any kind
+        raise InputError(f"output {uri} is not reachable: {type(e).__name__}: {e}") from e
+
+
+def _remove_leftovers(uri: str, scan) -> None:
+    for name in scan.leftovers:
+        if name.startswith(paths.TMP_PREFIX):
+            paths.remove(paths.join(uri, name))
+            log.info("removed leftover %s", name)
+        else:
+            log.warning("%s: %s is no part of the store; left in place", uri, name)
+    for chunk in scan.foreign:
+        log.warning("%s: chunk %s belongs to another store or range; left in place", uri, chunk.name)
+    if scan.duplicates:
+        names = ", ".join(c.name for c in scan.duplicates[0])
+        raise StoreError(f"{uri}: several committed chunks for one step range ({names}); "
+                         "run `logit-distill verify` and delete the wrong one")
+
+
+# ----------------------------------------------------------------- compute
+
+
+class _Compute:
+    """The jitted teacher top-k over a mesh of every device, data parallel over the batch."""
+
+    def __init__(self, teacher, config: DumpConfig):
+        import jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+        from .models import shard_params
+        from .topk import make_teacher_topk
+
+        devices = np.array(jax.devices())
+        if config.batch_size % devices.size:
+            raise InputError(
+                f"--batch-size {config.batch_size} is not divisible by the {devices.size} devices; "
+                "choose a multiple"
+            )
+        self.mesh = Mesh(devices, ("data",))
+        self.batch_sharding = NamedSharding(self.mesh, P("data"))
+        self.params = shard_params(teacher.params, self.mesh, config.sharding)
+        # Replicated teachers run example by example on each device: the same bytes on any
+        # number of devices. fsdp splits the matmuls themselves, so the last bits may differ.
+        self.fn = make_teacher_topk(teacher.apply, config.top_k,
+                                    mesh=self.mesh if config.sharding == "replicate" else None)
+        self.num_processes = jax.process_count()
+
+    def dispatch(self, local_batch: dict):
+        """Start the forward on this process's rows; returns device arrays (asynchronously)."""
+        import jax
+
+        args = [
+            jax.make_array_from_process_local_data(self.batch_sharding, local_batch[key])
+            for key in ("tokens", "positions", "segment_ids")
+        ]
+        return self.fn(self.params, *args)
+
+    @staticmethod
+    def fetch(out: dict) -> dict:
+        """This process's rows of the outputs, as numpy (waits for the compute)."""
+        result = {}
+        for key, arr in out.items():
+            shards = sorted(arr.addressable_shards, key=lambda s: s.index[0].start or 0)
+            seen, parts = set(), []
+            for s in shards:
+                start = s.index[0].start or 0
+                if start not in seen:
+                    seen.add(start)
+                    parts.append(np.asarray(s.data))
+            result[key] = np.concatenate(parts, axis=0)
+        return result
+
+
+# ----------------------------------------------------------------- the dump
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT while the dump runs; restores the old handlers afterwards."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signum = None
+        self._old = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+        self.event.set()
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def steps_to_run(manifest: dict, scan) -> list[int]:
+    """The steps some process still lacks, in order: every missing chunk range, gaps included."""
+    steps = set()
+    for ranges in scan.missing.values():
+        for start, end in ranges:
+            steps.update(range(start, end))
+    return sorted(steps)
+
+
+def run_dump(config: DumpConfig) -> DumpResult:
+    """Dump the teacher's top-k for ``config`` into ``config.output``; resume if it exists."""
+    t_start = time.perf_counter()
+    _check_output_reachable(config.output)
+    teacher, source, manifest = prepare(config)
+    process, num_processes = _process_info()
+    uri = config.output
+
+    if process == 0:
+        store_mod.init_store(uri, manifest)
+    _barrier("logit-distill-dump-init")
+    if process != 0:
+        store_mod.init_store(uri, manifest)  # checks the manifest process 0 wrote or found
+    scan = store_mod.scan(uri, manifest)
+    if process == 0:
+        _remove_leftovers(uri, scan)
+    _barrier("logit-distill-dump-scan")
+
+    layout = manifest["layout"]
+    B, num_steps = layout["examples_per_step"], layout["num_steps"]
+    b = B // num_processes
+    todo = steps_to_run(manifest, scan)
+    mine = {s for start, end in scan.missing[process] for s in range(start, end)}
+    resumed_from = todo[0] if todo else num_steps
+    present = scan.num_present
+    if todo:
+        msg = (f"resuming at step {resumed_from} ({present} of {scan.num_expected} chunks present)"
+               if present else f"starting at step 0 ({scan.num_expected} chunks to write)")
+    else:
+        msg = f"nothing to do: all {scan.num_expected} chunks present"
+    log.info("%s: %s", uri, msg)
+    if process == 0:
+        print(f"logit-distill dump: {uri}: {msg}", file=sys.stderr, flush=True)
+
+    committed = []
+    steps_run = 0
+    t_compute = time.perf_counter()
+    if todo:
+        compute = _Compute(teacher, config)
+        writer = store_mod.BackgroundWriter(
+            uri, manifest, process, max_pending_steps=config.max_pending_steps,
+            on_commit=lambda info: log.info("committed %s", info.name),
+        )
+        bar = _progress(config, len(todo), num_steps, process)
+        pending = None
+
+        def finish(item):
+            step, local, out = item
+            if step in mine:
+                records = compute.fetch(out)
+                records.update(local)
+                records["example_index"] = np.arange(step * B + process * b, step * B + (process + 1) * b)
+                writer.submit(step, records)
+            else:
+                compute.fetch(out)  # keep in step with the other processes
+
+        try:
+            with _StopFlag() as stop:
+                for step in todo:
+                    if stop.event.is_set():
+                        break
+                    first = step * B + process * b
+                    local = source.batch(range(first, first + b))
+                    out = compute.dispatch(local)  # asynchronous: overlaps with the previous step's host work
+                    if pending is not None:
+                        finish(pending)
+                        steps_run += 1
+                        bar.update(1)
+                    pending = (step, local, out)
+                if pending is not None and not stop.event.is_set():
+                    finish(pending)
+                    steps_run += 1
+                    bar.update(1)
+                if stop.event.is_set():
+                    writer.abort()
+                    committed = writer.committed
+                    raise DumpInterrupted(
+                        f"stopped by signal {stop.signum} after {steps_run} steps; "
+                        f"{len(committed)} chunks committed in this run; re-run the same command to resume"
+                    )
+            committed = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            bar.close()
+    elapsed_compute = time.perf_counter() - t_compute
+
+    _barrier("logit-distill-dump-done")
+    final = store_mod.scan(uri, manifest)
+    files = {f["name"]: f["size"] for f in paths.list_files(uri)}
+    store_bytes = sum(files.get(c.name, 0) for c in final.chunks.values())
+    examples = sum((c.end - c.start) * b for c in final.chunks.values())
+    positions = examples * manifest["shapes"]["seq_len"]
+    tokens_run = steps_run * B * manifest["shapes"]["seq_len"]
+    result = DumpResult(
+        store=uri,
+        fingerprint=manifest["fingerprint"],
+        dump_key=manifest_mod.dump_key(manifest),
+        num_steps=num_steps,
+        resumed_from_step=resumed_from,
+        steps_run=steps_run,
+        chunks_present_at_start=present,
+        chunks_written=len(committed),
+        chunks_expected=final.num_expected,
+        examples=examples,
+        tokens=positions,
+        store_bytes=store_bytes,
+        bytes_per_entry=store_bytes / max(1, positions * manifest["shapes"]["top_k"]),
+        tokens_per_s=tokens_run / elapsed_compute if steps_run else 0.0,
+        elapsed_s=time.perf_counter() - t_start,
+        complete=final.complete,
+    )
+    if process == 0:
+        print(f"logit-distill dump: {result.summary()}", file=sys.stderr, flush=True)
+    return result
+
+
+def _progress(config: DumpConfig, total: int, num_steps: int, process: int):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, unit="step", desc="dump", disable=not config.progress or process != 0,
+        file=sys.stderr, dynamic_ncols=True,
+        postfix=f"of {num_steps} steps, {config.batch_size * config.seq_len} tokens/step",
+    )
+
+
+# ----------------------------------------------------------------- CLI
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "dump", help="run a teacher over the data and store its top-k log-probs (resumable)",
+        description="Run the teacher once over the data; store each position's top-k log-probs, ids "
+                    "and tail mass in a chunked logit store. Re-running the same command resumes.",
+    )
+    p.add_argument("--teacher", required=True,
+                   help="HF checkpoint directory or gs:// URI (config.json, *.safetensors, tokenizer.json), "
+                        "or preset:NAME[@SEED] for a tiny random teacher")
+    p.add_argument("--data", required=True,
+                   help="JSONL file, glob or directory (text per line) or pre-tokenized *.array_record files")
+    p.add_argument("--output", required=True, help="store location: local path, file:// or gs:// URI")
+    p.add_argument("--top-k", type=int, default=64, help="log-probs kept per position (default 64)")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per example (default 512)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="examples per step across all processes (default 8)")
+    p.add_argument("--num-steps", type=int, default=None,
+                   help="steps to dump (default: every full batch of the data)")
+    p.add_argument("--steps-per-file", type=int, default=50,
+                   help="steps per chunk file: the most work a kill can lose (default 50)")
+    p.add_argument("--codec", choices=["default", "exact"], default="default",
+                   help="default: bit-packed ids + 16-bit log-probs (error <= 4.9e-4); exact: float32 + int32")
+    p.add_argument("--seed", type=int, default=0, help="seed of the document order (default 0)")
+    p.add_argument("--no-packing", dest="packing", action="store_false",
+                   help="one document per example, padded, instead of packing documents to --seq-len")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="teacher weights and compute dtype (selection is always float32)")
+    p.add_argument("--text-field", default="text", help="JSONL field holding the text (default text)")
+    p.add_argument("--tokenizer", default=None,
+                   help="directory or file of tokenizer.json (default: the teacher's)")
+    p.add_argument("--sharding", choices=["replicate", "fsdp"], default="replicate",
+                   help="teacher parameters: replicated on every device, or sharded (fsdp) for big teachers")
+    p.add_argument("--array-record-options", default=manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS,
+                   help="ArrayRecord writer options, e.g. 'group_size:1,zstd:3' (default uncompressed)")
+    p.add_argument("--quiet", dest="progress", action="store_false",
+                   help="no progress bar (the resume line and the summary are still printed)")
+    p.set_defaults(func=_cli_main)
+
+
+def _cli_main(args) -> int:
+    config = DumpConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DumpConfig)
+                           if hasattr(args, f.name)})
+    result = run_dump(config)
+    return 0 if result.complete else 1
+

@@ -1,0 +1,286 @@
+"""The teacher dump: parity with HF transformers, resume after kills, config mismatch, bad input."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dump_helpers import chunk_bytes, cli, dump_args, store_files, teacher_dir, write_corpus
+from logit_distill import codec, paths, store
+from logit_distill.dump import DumpConfig, run_dump
+from logit_distill.errors import ConfigMismatchError, InputError
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dump")
+    return {
+        "teacher": teacher_dir(root),
+        "data": write_corpus(root / "corpus.jsonl"),
+        "root": root,
+    }
+
+
+def _config(setup, output, **kw):
+    base = dict(teacher=setup["teacher"], data=setup["data"], output=output, top_k=8, seq_len=32,
+                batch_size=4, num_steps=6, steps_per_file=2, progress=False)
+    base.update(kw)
+    return DumpConfig(**base)
+
+
+@pytest.mark.parametrize("codec_name,packing", [("exact", True), ("default", True), ("exact", False)])
+def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = str(tmp_path / "s")
+    run_dump(_config(setup, out, codec=codec_name, packing=packing))
+    hf = AutoModelForCausalLM.from_pretrained(setup["teacher"], torch_dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    s = store.open_store(out)
+    tol = 1e-4 if codec_name == "exact" else codec.LOGPROB_MAX_ERROR + 1e-4
+    k = s.manifest["shapes"]["top_k"]
+    checked = 0
+    for i in range(len(s)):
+        rec = s.read(i)
+        for seg in np.unique(rec["segment_ids"]):
+            if seg == 0:
+                continue
+            where = np.flatnonzero(rec["segment_ids"] == seg)
+            assert (rec["positions"][where] == np.arange(len(where))).all()
+            with torch.no_grad():
+                logits = hf(torch.tensor(rec["tokens"][where][None].astype(np.int64))).logits[0]
+            ref = torch.log_softmax(logits.double(), -1).numpy()
+            ref_ids = np.argsort(-ref, axis=-1, kind="stable")[:, :k]
+            got_ids = rec["topk_ids"][where]
+            got_lp = rec["topk_logprobs"][where]
+            # Log-probs of our ids under HF, and the sorted values, both within the bound.
+            np.testing.assert_allclose(np.take_along_axis(ref, got_ids, -1), got_lp, atol=tol)
+            np.testing.assert_allclose(np.take_along_axis(ref, ref_ids, -1), got_lp, atol=tol)
+            # Ids equal up to exact ties.
+            differs = got_ids != ref_ids
+            if differs.any():
+                a = np.take_along_axis(ref, got_ids, -1)[differs]
+                b = np.take_along_axis(ref, ref_ids, -1)[differs]
+                np.testing.assert_allclose(a, b, atol=1e-6)
+            # Tail mass: log of what the top-k leave out.
+            rest = np.log1p(-np.exp(np.take_along_axis(ref, ref_ids, -1)).sum(-1))
+            np.testing.assert_allclose(rec["tail_logprob"][where], rest, atol=max(tol, 1e-4))
+            checked += len(where)
+    assert checked > 100
+
+
+def test_rerun_is_a_noop_and_bytes_are_deterministic(setup, tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    ra = run_dump(_config(setup, a))
+    assert ra.complete and ra.chunks_written == 3 and ra.resumed_from_step == 0
+    run_dump(_config(setup, b))
+    assert chunk_bytes(a) == chunk_bytes(b)
+    again = run_dump(_config(setup, a))
+    assert again.steps_run == 0 and again.chunks_written == 0 and again.resumed_from_step == 6
+
+
+def test_deleted_middle_chunk_is_filled(setup, tmp_path):
+    out = str(tmp_path / "s")
+    run_dump(_config(setup, out))
+    before = chunk_bytes(out)
+    middle = sorted(before)[1]
+    os.remove(os.path.join(out, middle))
+    (tmp_path / "s" / ".tmp-leftover-p00000.array_record").write_bytes(b"partial")
+    r = run_dump(_config(setup, out))
+    assert r.resumed_from_step == 2 and r.steps_run == 2 and r.chunks_written == 1
+    assert chunk_bytes(out) == before
+    assert not any(n.startswith(".tmp-") for n in os.listdir(out))
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"top_k": 4}, "shapes.top_k"),
+    ({"seq_len": 16}, "shapes.seq_len"),
+    ({"seed": 3}, "content.data.seed"),
+    ({"teacher_seed": 1}, "content.teacher"),
+    ({"other_data": True}, "content.data.data_sha256"),
+])
+def test_other_config_is_refused_and_store_untouched(setup, tmp_path, change, field):
+    out = str(tmp_path / "s")
+    run_dump(_config(setup, out))
+    before = store_files(out)
+    kw = dict(change)
+    if kw.pop("teacher_seed", None):
+        kw["teacher"] = teacher_dir(setup["root"], seed=1)
+    if kw.pop("other_data", None):
+        kw["data"] = write_corpus(tmp_path / "other.jsonl", seed=7)
+    with pytest.raises(ConfigMismatchError) as e:
+        run_dump(_config(setup, out, **kw))
+    assert field in str(e.value) and "nothing was changed" in str(e.value)
+    assert store_files(out) == before
+
+
+def test_bad_input_errors(setup, tmp_path):
+    # Unsupported architecture.
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    cfg = json.loads(open(os.path.join(setup["teacher"], "config.json")).read())
+    cfg["architectures"] = ["MambaForCausalLM"]
+    cfg["model_type"] = "mamba"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="MambaForCausalLM"):
+        run_dump(_config(setup, str(tmp_path / "o1"), teacher=str(bad)))
+    # Empty data.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(InputError):
+        run_dump(_config(setup, str(tmp_path / "o2"), data=str(empty)))
+    # seq_len beyond the model's maximum.
+    with pytest.raises(InputError, match="exceeds the teacher's maximum"):
+        run_dump(_config(setup, str(tmp_path / "o3"), seq_len=100_000))
+    # Tokenizer vocabulary larger than the model's.
+    small = tmp_path / "small-vocab"
+    small.mkdir()
+    for name in os.listdir(setup["teacher"]):
+        (small / name).write_bytes(open(os.path.join(setup["teacher"], name), "rb").read())
+    cfg = json.loads((small / "config.json").read_text())
+    cfg["vocab_size"] = 64
+    (small / "config.json").write_text(json.dumps(cfg))
+    from logit_distill.models import init_params, save_hf_checkpoint, build_model
+
+    params = init_params(cfg, 0, "float32")
+    save_hf_checkpoint(build_model(cfg, params), params, str(small))
+    with pytest.raises(InputError, match="vocab"):
+        run_dump(_config(setup, str(tmp_path / "o4"), teacher=str(small), top_k=4))
+    # Too many steps for the data.
+    with pytest.raises(InputError, match="--num-steps"):
+        run_dump(_config(setup, str(tmp_path / "o5"), num_steps=10_000))
+    # Unreachable output.
+    with pytest.raises(InputError, match="not reachable"):
+        run_dump(_config(setup, "gs://no-such-bucket-x/s", ))
+    # Nothing was written for any of these.
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
+
+
+def _kill_and_rerun(args, rng, kills, uri):
+    """Run the CLI, SIGKILL it at random moments, then let it finish; return chunks after each kill."""
+    counts = []
+    for _ in range(kills):
+        proc = subprocess.Popen([sys.executable, "-m", "logit_distill.cli", *args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Wait until the run has committed something new, then kill after a random delay.
+        deadline = time.time() + 120
+        before = len(chunk_bytes(uri)) if paths.exists(uri) else 0
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                now = len(chunk_bytes(uri))
+            except Exception:  # noqa: BLE001 - the store may not exist yet
+                now = 0
+            if now > before:
+                break
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        counts.append(len(chunk_bytes(uri)))
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    return done, counts
+
+
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_sigkill_at_random_moments_then_rerun_equals_uninterrupted(setup, tmp_path, backend, request):
+    root = str(tmp_path) if backend == "local" else request.getfixturevalue("gcs_bucket")
+    ref = str(tmp_path / "ref")
+    data = write_corpus(tmp_path / "big.jsonl", num_docs=900, seed=3)
+    opts = dict(num_steps=300, steps_per_file=5, batch_size=4, seq_len=32)
+    r = cli(*dump_args(setup["teacher"], data, ref, **opts))
+    assert r.returncode == 0, r.stderr
+    uri = root + "/killed"
+    done, counts = _kill_and_rerun(dump_args(setup["teacher"], data, uri, **opts), random.Random(7), 3, uri)
+    assert any(0 < n < 60 for n in counts), counts  # killed mid-stream, not before or after
+    assert "resuming at step" in done.stderr
+    assert chunk_bytes(uri) == chunk_bytes(ref)
+
+
+def test_sigterm_commits_what_is_complete_and_exits_nonzero(setup, tmp_path):
+    out = str(tmp_path / "s")
+    args = dump_args(setup["teacher"], setup["data"], out, num_steps=60, steps_per_file=1)
+    proc = subprocess.Popen([sys.executable, "-m", "logit_distill.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.isdir(out) and any(n.startswith("chunk-") for n in os.listdir(out))):
+        time.sleep(0.05)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert time.time() - t0 < 30
+    assert "re-run the same command to resume" in err
+    s = store.open_store(out)
+    assert 0 < s.scan.num_present < s.scan.num_expected
+    for chunk in s.scan.chunks.values():  # everything committed reads back
+        s.read_chunk(chunk)
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "resuming at step" in again.stderr
+
+
+def _records(uri):
+    s = store.open_store(uri)
+    return [s.read(i) for i in range(len(s))]
+
+
+def _assert_same_records(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for key in ("tokens", "segment_ids", "positions", "topk_ids", "topk_logprobs", "tail_logprob"):
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_same_bytes_on_one_and_four_devices(setup, tmp_path):
+    outs = {}
+    for n in (1, 4):
+        out = str(tmp_path / f"d{n}")
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        r = cli(*dump_args(setup["teacher"], setup["data"], out, batch_size=8, num_steps=4, codec="exact"), env=env)
+        assert r.returncode == 0, r.stderr
+        outs[n] = chunk_bytes(out)
+    assert outs[1] == outs[4]
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _multihost(setup, out):
+    script = os.path.join(os.path.dirname(__file__), "multihost_dump.py")
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, script, port, str(i), "2", setup["teacher"], setup["data"], out],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    return outputs
+
+
+def test_two_processes_write_their_own_chunks_and_resume_together(setup, tmp_path):
+    single = str(tmp_path / "single")
+    run_dump(_config(setup, single, codec="exact"))
+    out = str(tmp_path / "multi")
+    _multihost(setup, out)
+    names = sorted(n for n in os.listdir(out) if n.startswith("chunk-"))
+    assert sum("-p00000-" in n for n in names) == 3 and sum("-p00001-" in n for n in names) == 3
+    _assert_same_records(_records(single), _records(out))
+    # Lose one chunk of process 1 only: both processes run those steps again, only process 1 writes.
+    before = chunk_bytes(out)
+    os.remove(os.path.join(out, [n for n in names if "-p00001-s000000002" in n][0]))
+    logs = _multihost(setup, out)
+    assert "process 0: complete=True written=0" in logs[0]
+    assert "process 1: complete=True written=1" in logs[1]
+    assert chunk_bytes(out) == before
