@@ -13,6 +13,7 @@ upload, since an object appears only once its upload completes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -172,6 +173,17 @@ def fetch_to_local(uri: str, local_dir: str | None = None) -> str:
     fs.get_file(path, tmp)
     os.replace(tmp, dest)
     return dest
+
+
+def sha256_file(path: str) -> tuple[str, int]:
+    """(hex SHA-256, size in bytes) of a local file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+            size += len(block)
+    return h.hexdigest(), size
 
 
 def default_cache_dir(*parts: str) -> str:

@@ -13,7 +13,6 @@ ArrayRecord reader needs a local file) and checked on the way.
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
 import threading
 import uuid
@@ -187,15 +186,10 @@ class Store:
         return path
 
     def _check_file(self, path: str, chunk, uri: str) -> None:
-        h = hashlib.sha256()
-        size = 0
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-                size += len(block)
-        if h.hexdigest()[:16] != chunk.checksum:
+        digest, size = paths.sha256_file(path)
+        if digest[:16] != chunk.checksum:
             raise StoreError(
-                f"{uri}: checksum mismatch: the file ({size} bytes) has SHA-256 {h.hexdigest()[:16]}..., "
+                f"{uri}: checksum mismatch: the file ({size} bytes) has SHA-256 {digest[:16]}..., "
                 f"its name says {chunk.checksum}; the chunk is corrupt or truncated; "
                 "delete it and re-run the dump to rewrite it"
             )

@@ -10,7 +10,6 @@ buffering without bound.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import tempfile
@@ -56,14 +55,6 @@ def init_store(store_uri: str, manifest: dict) -> dict:
     return manifest
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class ChunkWriter:
     """Writes the records of one chunk to a temporary file; ``commit`` publishes it."""
 
@@ -98,7 +89,7 @@ class ChunkWriter:
                 f"expected {self.expected_records}; not committed"
             )
         self._writer.close()
-        checksum = _sha256_file(self.tmp_path)
+        checksum, _ = paths.sha256_file(self.tmp_path)
         name = chunks_mod.chunk_name(
             self.manifest["fingerprint"][:8], self.process, self.start, self.end, checksum
         )
