@@ -121,7 +121,7 @@ def test_other_config_is_refused_and_store_untouched(setup, tmp_path, change, fi
     assert store_files(out) == before
 
 
-def test_bad_input_errors(setup, tmp_path):
+def test_bad_input_errors(setup, tmp_path, gcs_emulator):
     # Unsupported architecture.
     bad = tmp_path / "bad-model"
     bad.mkdir()
@@ -200,7 +200,7 @@ def test_sigkill_at_random_moments_then_rerun_equals_uninterrupted(setup, tmp_pa
     uri = root + "/killed"
     done, counts = _kill_and_rerun(dump_args(setup["teacher"], data, uri, **opts), random.Random(7), 3, uri)
     assert any(0 < n < 60 for n in counts), counts  # killed mid-stream, not before or after
-    assert "resuming at step" in done.stderr
+    assert "resuming at step" in done.stderr or "nothing to do" in done.stderr
     assert chunk_bytes(uri) == chunk_bytes(ref)
 
 

@@ -207,8 +207,16 @@ def prepare(config: DumpConfig):
 
 
 def _check_output_reachable(uri: str) -> None:
+    """Fail early, before any compute, if the output cannot be written to."""
     try:
+        fs, path = paths.url_to_fs(uri)
+        if not paths.is_local(uri):
+            bucket = path.split("/", 1)[0]
+            if not fs.exists(bucket):
+                raise InputError(f"output {uri} is not reachable: bucket {bucket} does not exist")
         paths.exists(uri)
+    except InputError:
+        raise
     except Exception as e:  # noqa: BLE001 - network and permission errors of any kind
         raise InputError(f"output {uri} is not reachable: {type(e).__name__}: {e}") from e
 
