@@ -210,3 +210,29 @@ def test_grain_random_access(tmp_path):
     s = store.open_store(uri)
     ds = grain.MapDataset.source(s).map(lambda r: int(r["example_index"]))
     assert list(ds) == list(range(len(s)))
+
+
+def test_background_writer_applies_back_pressure(tmp_path):
+    """A slow commit (upload) blocks submit: steps in memory stay bounded."""
+    import time
+
+    from logit_distill.store.synthetic import synthetic_step
+
+    m = small_manifest(num_steps=12, steps_per_file=1)
+    uri = str(tmp_path / "bp")
+    store.init_store(uri, m)
+    committed = []
+
+    def slow_commit(info):
+        time.sleep(0.2)
+        committed.append(info)
+
+    writer = store.BackgroundWriter(uri, m, 0, max_pending_steps=2, max_pending_chunks=1, on_commit=slow_commit)
+    most_in_flight = 0
+    for step in range(12):
+        writer.submit(step, synthetic_step(m, step, 0))
+        most_in_flight = max(most_in_flight, step + 1 - len(committed))
+    writer.close()
+    # queue (2) + chunk queue (1) + one being encoded + one being committed
+    assert most_in_flight <= 2 + 1 + 2
+    assert len(committed) == 12 and store.scan(uri, m).complete
