@@ -1,0 +1,119 @@
+"""``logit-distill train``: the command line of ``train_student``.
+
+``register_cli(subparsers)`` adds the ``train`` subcommand to the main CLI;
+``python -m logit_distill.train.cli train ...`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import LogitDistillError
+
+DESCRIPTION = """\
+Train a student from a logit store (offline), or from a teacher run in the loop
+(online: --teacher, --data, --top-k, --seq-len). Re-running the same command with
+the same --output resumes from the latest checkpoint there. Outputs in --output:
+checkpoints/ (Orbax), metrics.jsonl, train_config.json, hf/ (the final student in
+HF format) and eval.json (with --eval-data). See docs/TRAIN.md."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("data (offline: --store; online: --teacher --data --top-k --seq-len)")
+    src.add_argument("--store", help="logit store URI (local path or gs://) written by `logit-distill dump`")
+    src.add_argument("--teacher", help="online mode: teacher HF checkpoint dir (or preset:NAME) run in the loop")
+    src.add_argument("--data", help="online mode: JSONL text or pre-tokenized ArrayRecord (file, glob or dir)")
+    src.add_argument("--top-k", type=int, help="online mode: teacher entries kept per position")
+    src.add_argument("--seq-len", type=int, help="online mode: tokens per example")
+    src.add_argument("--no-packing", dest="packing", action="store_false",
+                     help="online mode: one document per example instead of packing (default: packed)")
+    src.add_argument("--data-seed", type=int, default=0,
+                     help="online mode: seed of the document order of the data (as given to the dump; default 0)")
+    src.add_argument("--num-examples", type=int,
+                     help="online mode: use only the first N examples of the data (e.g. as many as the dump wrote)")
+
+    p.add_argument("--student", required=True,
+                   help="student: HF checkpoint dir (local or gs://) or preset:NAME[@SEED] (random weights); "
+                        "its vocabulary must equal the teacher's")
+    p.add_argument("--output", required=True, help="output URI (local or gs://); a re-run resumes from it")
+    p.add_argument("--num-steps", type=int, required=True, help="optimizer steps to train")
+    p.add_argument("--batch-size", type=int, required=True,
+                   help="examples per micro-step over all devices and processes (divisible by the device count)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-steps per optimizer step (optax.MultiSteps); examples per step = "
+                        "batch size x grad accum (default 1)")
+    p.add_argument("--learning-rate", type=float, default=3e-4, help="peak AdamW learning rate (default 3e-4)")
+    p.add_argument("--warmup-steps", type=int,
+                   help="linear warmup steps before the cosine decay (default min(100, num_steps // 10))")
+    p.add_argument("--end-lr-fraction", type=float, default=0.1,
+                   help="final learning rate as a fraction of the peak (default 0.1)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay on matrices (default 0)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping by global norm (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the training shuffle (default 0)")
+    p.add_argument("--loss", choices=("topk_kl", "topk_tail_kl"), default="topk_kl",
+                   help="KD loss: KL over the teacher's top-k ids, or over top-k + a tail bin (default topk_kl)")
+    p.add_argument("--alpha", type=float, default=0.5,
+                   help="weight of the KD loss: loss = alpha * KD + (1 - alpha) * CE; 0 trains on CE only "
+                        "(default 0.5); the start value of a schedule")
+    p.add_argument("--alpha-end", type=float, help="alpha at the last step (with --alpha-schedule linear|cosine)")
+    p.add_argument("--alpha-schedule", choices=("constant", "linear", "cosine"), default="constant",
+                   help="how alpha goes from --alpha to --alpha-end over the steps (default constant)")
+    p.add_argument("--temperature", type=float, default=1.0, help="KD temperature T; the KD loss is scaled by T^2")
+    p.add_argument("--checkpoint-every", type=int, default=500,
+                   help="save an Orbax checkpoint every N optimizer steps (and at the end; default 500)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept (default 3)")
+    p.add_argument("--eval-data", help="held-out data (JSONL or pre-tokenized ArrayRecord): student cross-entropy "
+                                       "and perplexity after training, written to <output>/eval.json")
+    p.add_argument("--max-eval-examples", type=int, help="evaluate on at most N examples of --eval-data")
+    p.add_argument("--param-sharding", choices=("replicate", "fsdp"), default="replicate",
+                   help="parameters and optimizer state replicated on every device, or split (fsdp)")
+    p.add_argument("--log-every", type=int, default=1, help="write metrics and a log line every N steps (default 1)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .loop import train_student
+
+    try:
+        result = train_student(
+            store=args.store, teacher=args.teacher, data=args.data, top_k=args.top_k, seq_len=args.seq_len,
+            student=args.student, output=args.output, num_steps=args.num_steps, batch_size=args.batch_size,
+            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed, loss=args.loss,
+            alpha=args.alpha, alpha_end=args.alpha_end, alpha_schedule=args.alpha_schedule,
+            temperature=args.temperature, checkpoint_every=args.checkpoint_every, eval_data=args.eval_data,
+            grad_accum=args.grad_accum, log_every=args.log_every, progress=args.progress,
+            weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+            end_lr_fraction=args.end_lr_fraction, param_sharding=args.param_sharding, packing=args.packing,
+            data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
+            max_eval_examples=args.max_eval_examples,
+        )
+    except LogitDistillError as e:
+        print(f"logit-distill train: error: {e}", file=sys.stderr)
+        return 2
+    summary = {"output": result.output, "final_step": result.final_step, "hf_dir": result.hf_dir,
+               "resumed_from_step": result.resumed_from_step, "metrics": result.metrics, "eval": result.eval}
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+def register_cli(subparsers) -> argparse.ArgumentParser:
+    """Add the ``train`` subcommand; its ``func(args) -> int`` runs it."""
+    p = subparsers.add_parser("train", help="train a student from a logit store (or a teacher in the loop)",
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="logit-distill")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register_cli(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Held-out evaluation of a student: next-token cross-entropy and perplexity.
+
+The evaluation data is read with ``ExampleSource`` (JSONL text or pre-tokenized
+ArrayRecord) at the store's ``seq_len`` and packing, tokenized with the
+student's tokenizer, in order (no shuffle). The mean is over every position
+that predicts a token of its own document (``losses.next_token_mask``), so
+padding and document boundaries do not count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..data import ExampleSource
+from ..errors import InputError
+from .losses import cross_entropy_per_token, next_token_mask, next_token_targets
+
+FIELDS = ("tokens", "positions", "segment_ids")
+
+
+def open_eval_data(path: str, tokenizer_path: str | None, *, seq_len: int, packing: bool,
+                   vocab_size: int) -> ExampleSource:
+    """``ExampleSource`` over the held-out data, checked against the student's vocabulary."""
+    examples = ExampleSource.open(path, tokenizer_path, seq_len=seq_len, packing=packing, seed=0)
+    examples.check_vocab(vocab_size)
+    if len(examples) == 0:
+        raise InputError(f"evaluation data {path} holds no examples")
+    return examples
+
+
+def make_eval_step(apply):
+    """``fn(params, tokens, positions, segment_ids) -> (sum of CE, number of positions)``, jitted."""
+
+    @jax.jit
+    def eval_step(params, tokens, positions, segment_ids):
+        logits = apply(params, tokens, positions, segment_ids)
+        mask = next_token_mask(segment_ids)
+        targets = jnp.where(mask, next_token_targets(tokens), 0)
+        per = cross_entropy_per_token(logits, targets)
+        return jnp.sum(jnp.where(mask, per, 0.0)), jnp.sum(mask, dtype=jnp.int32)
+
+    return eval_step
+
+
+def evaluate(apply, params, examples, *, batch_size: int, put=None, max_examples: int | None = None,
+             process_index: int = 0, process_count: int = 1) -> dict:
+    """Cross-entropy (nats per token) and perplexity of ``params`` on ``examples``.
+
+    ``batch_size`` is global; the last batch is padded with padding rows
+    (segment id 0, masked out). ``put(dict of numpy [b, L]) -> dict of arrays``
+    places this process's rows of a batch on devices (default: ``jnp.asarray``).
+    """
+    n = len(examples) if max_examples is None else min(len(examples), int(max_examples))
+    per_process = batch_size // process_count
+    L = examples.seq_len
+    step = make_eval_step(apply)
+    put = put or (lambda b: {k: jnp.asarray(v) for k, v in b.items()})
+    total, count = 0.0, 0
+    for start in range(0, n, batch_size):
+        lo = start + process_index * per_process
+        idx = [i for i in range(lo, lo + per_process) if i < n]
+        rows = examples.batch(idx) if idx else {k: np.zeros((0, L), np.int32) for k in FIELDS}
+        pad = per_process - len(idx)
+        if pad:
+            rows = {k: np.concatenate([rows[k], np.zeros((pad, L), np.int32)]) for k in FIELDS}
+        arrays = put({k: rows[k] for k in FIELDS})
+        s, c = step(params, arrays["tokens"], arrays["positions"], arrays["segment_ids"])
+        total += float(s)
+        count += int(c)
+    if count == 0:
+        raise InputError("the evaluation data has no position with a next token of the same document")
+    ce = total / count
+    return {
+        "cross_entropy": ce,
+        "perplexity": math.exp(min(ce, 700.0)),
+        "num_tokens": count,
+        "num_examples": n,
+    }
