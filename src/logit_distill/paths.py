@@ -112,6 +112,23 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _publish_local(path: str, fill) -> None:
+    """Create local file ``path`` atomically: ``fill(tmp)`` writes a temporary name in the same
+    directory, which is fsynced and renamed; then the directory is fsynced."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
+    try:
+        fill(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _fsync_dir(directory)
+
+
 def commit_file(local_src: str, dest_uri: str) -> None:
     """Make ``local_src`` visible at ``dest_uri`` atomically: completely or not at all.
 
@@ -122,19 +139,7 @@ def commit_file(local_src: str, dest_uri: str) -> None:
     """
     fs, path = url_to_fs(dest_uri)
     if "file" in _protocols(fs):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
-        try:
-            if os.path.abspath(local_src) != os.path.abspath(tmp):
-                shutil.copyfile(local_src, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        _fsync_dir(directory)
+        _publish_local(path, lambda tmp: shutil.copyfile(local_src, tmp))
     else:
         fs.put_file(local_src, path)
 
@@ -143,19 +148,11 @@ def write_bytes_atomic(dest_uri: str, data: bytes) -> None:
     """Write ``data`` to ``dest_uri`` atomically (see ``commit_file``)."""
     fs, path = url_to_fs(dest_uri)
     if "file" in _protocols(fs):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
-        try:
+        def fill(tmp):
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        _fsync_dir(directory)
+
+        _publish_local(path, fill)
     else:
         with fs.open(path, "wb") as f:
             f.write(data)

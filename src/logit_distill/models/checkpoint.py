@@ -160,12 +160,8 @@ def _place(arr: np.ndarray, dtype: np.dtype, mesh, shard_mode):
     return jax.device_put(a, sharding_for(a.shape, mesh, shard_mode))
 
 
-def load_checkpoint(
-    uri: str, *, dtype: str = "float32", mesh=None, shard_mode: str = "fsdp"
-) -> LoadedModel:
-    """Load an HF checkpoint directory (local path or fsspec URI such as gs://)."""
-    uri = uri.rstrip("/")
-    np_dtype = _np_dtype(dtype)
+def read_hf_config(uri: str) -> dict:
+    """config.json of a checkpoint; InputError if missing, malformed or of an unsupported family."""
     cfg_uri = paths.join(uri, "config.json")
     if not paths.exists(cfg_uri):
         raise InputError(f"{uri}: no config.json (is this an HF checkpoint directory?)")
@@ -174,6 +170,16 @@ def load_checkpoint(
     except ValueError as e:
         raise InputError(f"{cfg_uri}: not valid JSON ({e})") from None
     family_of(hf_config)  # unsupported architecture -> InputError before anything else
+    return hf_config
+
+
+def load_checkpoint(
+    uri: str, *, dtype: str = "float32", mesh=None, shard_mode: str = "fsdp"
+) -> LoadedModel:
+    """Load an HF checkpoint directory (local path or fsspec URI such as gs://)."""
+    uri = uri.rstrip("/")
+    np_dtype = _np_dtype(dtype)
+    hf_config = read_hf_config(uri)
     cfg = from_hf_config(hf_config)
     files = _safetensors_files(uri)
     expected = decoder.expected_tensors(cfg)
@@ -253,15 +259,7 @@ def describe_model(spec: str) -> tuple[dict, dict, str | None]:
         return hf_config, {"kind": "preset", "preset": name, "seed": seed,
                            "fingerprint": identity["fingerprint"]}, tokenizer
     uri = spec.rstrip("/")
-    cfg_uri = paths.join(uri, "config.json")
-    if not paths.exists(cfg_uri):
-        raise InputError(f"{uri}: no config.json (is this an HF checkpoint directory?)")
-    try:
-        hf_config = json.loads(paths.read_bytes(cfg_uri))
-    except ValueError as e:
-        raise InputError(f"{cfg_uri}: not valid JSON ({e})") from None
-    family_of(hf_config)
-    return hf_config, checkpoint_identity(uri), _local_tokenizer(uri)
+    return read_hf_config(uri), checkpoint_identity(uri), _local_tokenizer(uri)
 
 
 # ----------------------------------------------------------------------------- saving
