@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -22,6 +23,8 @@ def _free_port() -> int:
 os.environ.setdefault("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{_free_port()}")
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Module- and session-scoped fixtures run before the per-test cache below: give them a fresh one too.
+os.environ["LOGIT_DISTILL_CACHE"] = tempfile.mkdtemp(prefix="logit-distill-test-cache-")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 

@@ -155,19 +155,15 @@ PRESETS: dict[str, dict] = {
     },
 }
 
-# The demo's teacher: a Qwen3 whose larger random weights (initializer_range 0.25) give
-# peaked next-token distributions (entropy about 3 nats of a possible 6.2), so that
-# data sampled from it has structure a student can learn, and the teacher is its best model.
-PRESETS["demo-teacher"] = {
-    **PRESETS["small-qwen3"],
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 1024,
-    "initializer_range": 0.25,
-}
+# The demo's teacher: tiny-qwen2 (untied) with its output head scaled 25x after the random
+# init, so its next-token distributions are peaked (entropy about 2 nats of a possible 6.2)
+# yet learnable by a tiny student from a few hundred sampled documents.
+PRESETS["demo-teacher"] = dict(PRESETS["tiny-qwen2"])
+# Scale factors applied to named tensors after the random init (see materialize_preset).
+PRESET_INIT_SCALES = {"demo-teacher": {"lm_head.weight": 25.0}}
+
+# Bump when the way presets are written changes (tokenizer, init), so cached copies are rebuilt.
+PRESET_FORMAT = 2
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]  # ids 256, 257
 
@@ -198,9 +194,16 @@ def build_tokenizer():
     return tok
 
 
-def write_tokenizer(out_dir: str, max_len: int) -> None:
-    """tokenizer.json + tokenizer_config.json into a local directory."""
-    build_tokenizer().save(os.path.join(out_dir, "tokenizer.json"))
+def write_tokenizer(out_dir: str, max_len: int, vocab_size: int | None = None) -> None:
+    """tokenizer.json + tokenizer_config.json into a local directory.
+
+    With ``vocab_size`` the vocabulary is padded with ``<|reserved_i|>`` tokens up to the
+    model's (as Llama 3's is), so that every id a model can emit decodes.
+    """
+    tok = build_tokenizer()
+    if vocab_size is not None and vocab_size > tok.get_vocab_size(True):
+        tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(vocab_size - tok.get_vocab_size(True))])
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
     tcfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": SPECIAL_TOKENS[0],
@@ -236,11 +239,17 @@ def materialize_preset(name: str, out_dir: str, seed: int = 0) -> str:
 
     hf_config = _preset_config(name)
     params = init_params(hf_config, seed, "float32")
+    for tensor, scale in PRESET_INIT_SCALES.get(name, {}).items():
+        *parents, leaf = tensor.split(".")
+        node = params
+        for key in parents:
+            node = node[key]
+        node[leaf] = node[leaf] * scale
     loaded = build_model(hf_config, params, identity={"kind": "preset", "preset": name, "seed": seed})
     tmp = os.path.join(paths.default_cache_dir("tmp"), f"tok-{uuid.uuid4().hex}")
     os.makedirs(tmp, exist_ok=True)
     try:
-        write_tokenizer(tmp, hf_config["max_position_embeddings"])
+        write_tokenizer(tmp, hf_config["max_position_embeddings"], hf_config["vocab_size"])
         save_hf_checkpoint(loaded, params, out_dir, tokenizer_path=os.path.join(tmp, "tokenizer.json"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -250,7 +259,9 @@ def materialize_preset(name: str, out_dir: str, seed: int = 0) -> str:
 def preset_dir(name: str, seed: int = 0) -> str:
     """Local checkpoint directory of a preset, materialized on first use (atomic rename)."""
     cfg = _preset_config(name)
-    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    # Everything that changes the materialized files names the cache entry.
+    recipe = {"config": cfg, "init_scales": PRESET_INIT_SCALES.get(name, {}), "format": PRESET_FORMAT}
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
     final = paths.default_cache_dir("presets", f"{name}-{seed}-{digest}")
     if os.path.exists(os.path.join(final, "config.json")):
         return final

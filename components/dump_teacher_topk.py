@@ -1,0 +1,115 @@
+"""``dump_teacher_topk``: run the teacher once over the data into the logit store (resumable).
+
+A thin wrapper over ``logit_distill.dump.run_dump``. The store lives at
+``store_uri`` (``<output_root>/teacher_topk/<dump_key>``, from ``plan_dump``),
+not under the task's own output folder, so a task retried by ``set_retry``, a
+resubmitted or cloned run, or a run with caching off all land on the same
+prefix and resume from the chunk scan; a complete store is a no-op. The output
+``Dataset`` artifact's URI is set to that store.
+
+On a multi-host Vertex custom job (replica count > 1) every replica runs this
+function; JAX's multi-controller runtime is initialized from Vertex's
+``CLUSTER_SPEC`` (GPU hosts) or by JAX's own detection (TPU slices).
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Dataset, Metrics, Output
+
+from .image import DEFAULT_IMAGE
+
+
+def dump_teacher_topk(
+    teacher: str,
+    data: str,
+    store_uri: str,
+    dump_key: str,
+    num_steps: int,
+    store: Output[Dataset],
+    metrics: Output[Metrics],
+    top_k: int = 64,
+    seq_len: int = 512,
+    batch_size: int = 8,
+    steps_per_file: int = 50,
+    codec: str = "default",
+    data_seed: int = 0,
+    packing: bool = True,
+    dtype: str = "float32",
+    text_field: str = "text",
+    tokenizer: str = "",
+    sharding: str = "replicate",
+) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool)]):
+    """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
+    import collections
+    import json
+    import os
+
+    def init_multihost():
+        # Vertex GPU custom jobs describe the cluster in CLUSTER_SPEC; TPU slices are found by JAX itself.
+        spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
+        cluster = spec.get("cluster") or {}
+        hosts = list(cluster.get("workerpool0", [])) + list(cluster.get("workerpool1", []))
+        import jax
+
+        if len(hosts) > 1:
+            task = spec.get("task") or {}
+            index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
+            coordinator = hosts[0].rsplit(":", 1)[0] + ":8476"
+            jax.distributed.initialize(coordinator, num_processes=len(hosts), process_id=index)
+        elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+            jax.distributed.initialize()
+
+    from logit_distill.dump import DumpConfig, plan_manifest, run_dump
+    from logit_distill.store import dump_key as dump_key_of
+
+    init_multihost()
+    import jax
+
+    config = DumpConfig(
+        teacher=teacher, data=data, output=store_uri, top_k=top_k, seq_len=seq_len, batch_size=batch_size,
+        num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, seed=data_seed, packing=packing,
+        dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, sharding=sharding, progress=False,
+    )
+    # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,
+    # before anything is written.
+    planned = dump_key_of(plan_manifest(config, num_processes=jax.process_count()))
+    if dump_key and planned != dump_key:
+        raise ValueError(f"dump_key {dump_key} does not match these settings (their key is {planned})")
+    if dump_key and not store_uri.rstrip("/").endswith(dump_key):
+        raise ValueError(f"store_uri {store_uri} does not end with the dump key {dump_key}")
+
+    result = run_dump(config)
+    print(f"dump_teacher_topk: {result.summary()}", flush=True)
+    if not result.complete:
+        raise RuntimeError(f"store {store_uri} is incomplete after the dump; a retry resumes it")
+
+    store.uri = result.store
+    store.metadata.update({
+        "dump_key": result.dump_key, "fingerprint": result.fingerprint, "num_steps": result.num_steps,
+        "examples": result.examples, "tokens": result.tokens, "top_k": top_k, "seq_len": seq_len,
+        "codec": codec, "teacher": teacher, "data": data, "store_bytes": result.store_bytes,
+    })
+    for name, value in (
+        ("examples", result.examples),
+        ("tokens", result.tokens),
+        ("chunks_written_this_attempt", result.chunks_written),
+        ("chunks_present_at_start", result.chunks_present_at_start),
+        ("chunks", result.chunks_expected),
+        ("resumed_from_step", result.resumed_from_step),
+        ("steps_run_this_attempt", result.steps_run),
+        ("tokens_per_s", round(result.tokens_per_s, 1)),
+        ("bytes_per_entry", round(result.bytes_per_entry, 4)),
+        ("store_mb", round(result.store_bytes / 1e6, 3)),
+        ("elapsed_s", round(result.elapsed_s, 2)),
+    ):
+        metrics.log_metric(name, value)
+    outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete"])
+    return outputs(int(result.resumed_from_step), bool(result.complete))
+
+
+def build(image: str = DEFAULT_IMAGE):
+    return dsl.component(dump_teacher_topk, base_image=image, install_kfp_package=False)
+
+
+component = build()

@@ -1,0 +1,165 @@
+"""``train_offline_student``: train a student from the verified store (no teacher loaded).
+
+A thin wrapper over ``logit_distill.train.train_student``. Outputs: a ``Model``
+artifact (the training folder: Orbax checkpoints, ``metrics.jsonl``,
+``eval.json`` and the Hugging Face export in ``hf/``), ``Metrics`` (final
+losses, held-out cross-entropy and perplexity when ``eval_data`` is given) and
+an ``HTML`` report with the loss curves as a picture. With ``output_dir`` the
+run trains there instead of under the artifact's URI, and a re-run with the
+same settings resumes from its latest checkpoint. ``resources`` (what the
+pipeline requested for the task) is recorded in the model's metadata.
+"""
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
+
+from .image import DEFAULT_IMAGE
+
+
+def train_offline_student(
+    store: Input[Dataset],
+    student: str,
+    num_steps: int,
+    batch_size: int,
+    model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    learning_rate: float = 3e-4,
+    warmup_steps: int = -1,
+    seed: int = 0,
+    loss: str = "topk_kl",
+    alpha: float = 0.5,
+    alpha_end: float = -1.0,
+    alpha_schedule: str = "constant",
+    temperature: float = 1.0,
+    checkpoint_every: int = 500,
+    eval_data: str = "",
+    max_eval_examples: int = 0,
+    grad_accum: int = 1,
+    log_every: int = 10,
+    output_dir: str = "",
+    title: str = "",
+    resources: dict = {},
+):
+    """Train ``student`` on ``store.uri``; export it; report its loss curves. ``-1`` / ``""`` mean "default"."""
+    import base64
+    import html
+    import io
+    import json
+    import os
+
+    def init_multihost():
+        # Vertex GPU custom jobs describe the cluster in CLUSTER_SPEC; TPU slices are found by JAX itself.
+        spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
+        cluster = spec.get("cluster") or {}
+        hosts = list(cluster.get("workerpool0", [])) + list(cluster.get("workerpool1", []))
+        import jax
+
+        if len(hosts) > 1:
+            task = spec.get("task") or {}
+            index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
+            coordinator = hosts[0].rsplit(":", 1)[0] + ":8476"
+            jax.distributed.initialize(coordinator, num_processes=len(hosts), process_id=index)
+        elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+            jax.distributed.initialize()
+
+    init_multihost()
+    from logit_distill import paths
+    from logit_distill.train import train_student
+
+    output = output_dir or model.uri
+    result = train_student(
+        store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
+        learning_rate=learning_rate, warmup_steps=None if warmup_steps < 0 else warmup_steps, seed=seed,
+        loss=loss, alpha=alpha, alpha_end=None if alpha_end < 0 else alpha_end, alpha_schedule=alpha_schedule,
+        temperature=temperature, checkpoint_every=checkpoint_every, eval_data=eval_data or None,
+        max_eval_examples=max_eval_examples or None, grad_accum=grad_accum, log_every=log_every,
+        progress=False,
+    )
+    model.uri = result.output
+    metrics_uri = paths.join(result.output, "metrics.jsonl")
+    rows = [json.loads(line) for line in paths.read_bytes(metrics_uri).decode().splitlines() if line.strip()]
+    model.metadata.update({
+        "framework": "jax", "format": "orbax + huggingface safetensors", "hf_dir": result.hf_dir,
+        "student": student, "store": store.uri, "num_steps": result.final_step, "loss": loss, "alpha": alpha,
+        "resources_requested": dict(resources),
+    })
+
+    final = result.metrics or (rows[-1] if rows else {})
+    for key in ("loss", "kd_loss", "ce_loss", "grad_norm", "tokens_per_s"):
+        if key in final:
+            metrics.log_metric(f"final_{key}", round(float(final[key]), 6))
+    metrics.log_metric("steps", result.final_step)
+    metrics.log_metric("resumed_from_step", -1 if result.resumed_from_step is None else result.resumed_from_step)
+    if result.eval:
+        metrics.log_metric("eval_cross_entropy", round(float(result.eval["cross_entropy"]), 6))
+        metrics.log_metric("eval_perplexity", round(float(result.eval["perplexity"]), 4))
+        metrics.log_metric("eval_tokens", int(result.eval["num_tokens"]))
+
+    # ---- the report: loss curves (matplotlib, Agg) as an embedded PNG
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    steps = [r["step"] for r in rows]
+    for key, label in (("loss", "total"), ("kd_loss", "KD (teacher top-k)"), ("ce_loss", "CE (next token)")):
+        ax.plot(steps, [r[key] for r in rows], label=label)
+    if result.eval:
+        ax.axhline(result.eval["cross_entropy"], color="k", ls="--", lw=1,
+                   label=f"held-out CE {result.eval['cross_entropy']:.3f}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("nats / token")
+    ax.set_title("training loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax2.plot(steps, [r["learning_rate"] for r in rows], label="learning rate")
+    ax2.set_xlabel("optimizer step")
+    ax2.set_ylabel("learning rate")
+    ax3 = ax2.twinx()
+    ax3.plot(steps, [r["alpha"] for r in rows], color="tab:red", label="alpha (KD weight)")
+    ax3.set_ylabel("alpha")
+    ax3.set_ylim(-0.05, 1.05)
+    ax2.set_title("schedules")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    png = base64.b64encode(buf.getvalue()).decode()
+
+    settings = {"student": student, "store": store.uri, "steps": num_steps, "batch_size": batch_size,
+                "grad_accum": grad_accum, "learning_rate": learning_rate, "loss": loss, "alpha": alpha,
+                "alpha_end": None if alpha_end < 0 else alpha_end, "alpha_schedule": alpha_schedule,
+                "temperature": temperature, "seed": seed, "output": result.output, "hf_export": result.hf_dir}
+    table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                    for k, v in settings.items())
+    outcome = []
+    if final:
+        outcome.append(f"final training loss {final.get('loss', float('nan')):.4f} "
+                       f"(KD {final.get('kd_loss', float('nan')):.4f}, CE {final.get('ce_loss', float('nan')):.4f})")
+    if result.eval:
+        outcome.append(f"held-out cross-entropy <b>{result.eval['cross_entropy']:.4f}</b> nats/token, "
+                       f"perplexity {result.eval['perplexity']:.2f} over {result.eval['num_tokens']} tokens")
+    if result.resumed_from_step is not None:
+        outcome.append(f"resumed from checkpoint step {result.resumed_from_step}")
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>student training</title>"
+        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+        "th,td{border:1px solid #ccc;padding:2px 8px;text-align:left}</style></head><body>"
+        f"<h1>{html.escape(title or 'Offline distillation: student training')}</h1>"
+        f"<p>{'<br>'.join(outcome)}</p>"
+        f"<img alt='loss curves' src='data:image/png;base64,{png}'>"
+        f"<h2>Settings</h2><table>{table}</table></body></html>"
+    )
+    os.makedirs(os.path.dirname(report.path) or ".", exist_ok=True)
+    with open(report.path, "w", encoding="utf-8") as f:
+        f.write(page)
+
+
+def build(image: str = DEFAULT_IMAGE):
+    return dsl.component(train_offline_student, base_image=image, install_kfp_package=False)
+
+
+component = build()

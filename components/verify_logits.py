@@ -1,0 +1,65 @@
+"""``verify_logits``: prove the store complete, intact and aligned before any student trains on it.
+
+A thin wrapper over ``logit_distill.verify.verify_store``. Outputs: ``Metrics``
+(the store's figures: examples, bytes per entry, teacher entropy, ... and
+``passed`` as 0/1), a ``Markdown`` report (every check with its result, the
+figures, the problems found) that the Vertex UI renders, and the boolean
+``Output`` (passed) that the pipeline gates training on (a single return value:
+``kfp.local`` resolves conditions only on a task's ``Output``). A bad store does not fail the
+task: the report says what is wrong and training does not run.
+"""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+from .image import DEFAULT_IMAGE
+
+
+def verify_logits(
+    store: Input[Dataset],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    expected_steps: int = 0,
+    data: str = "",
+    tokenizer: str = "",
+    teacher: str = "",
+    spot_check: int = 0,
+    sample: int = 256,
+    seed: int = 0,
+    workers: int = 4,
+) -> bool:
+    """Verify the store behind ``store.uri``; write the Markdown report; return whether every check passed."""
+    import math
+    import os
+
+    from logit_distill.verify import verify_store
+
+    result = verify_store(
+        store.uri, expected_steps=expected_steps or None, data=data or None, tokenizer=tokenizer or None,
+        teacher=teacher or None, spot_check=spot_check if teacher else 0, sample=sample, seed=seed,
+        workers=max(1, workers), progress=False,
+    )
+    os.makedirs(os.path.dirname(report.path) or ".", exist_ok=True)
+    with open(report.path, "w", encoding="utf-8") as f:
+        f.write(result.markdown())
+    print(result.failure_line(), flush=True)
+
+    metrics.log_metric("passed", 1 if result.passed else 0)
+    for c in result.checks:
+        metrics.log_metric(f"check_{c['name']}", {"passed": 1, "failed": 0, "skipped": -1}[c["status"]])
+    for key, value in result.figures.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        metrics.log_metric(key, round(value, 6) if isinstance(value, float) else value)
+    report.metadata.update({"passed": result.passed, "store": store.uri,
+                            "failed_checks": [c["name"] for c in result.failed_checks]})
+    return bool(result.passed)
+
+
+def build(image: str = DEFAULT_IMAGE):
+    return dsl.component(verify_logits, base_image=image, install_kfp_package=False)
+
+
+component = build()
