@@ -22,7 +22,7 @@ SETTINGS = dict(num_steps=6, top_k=8, seq_len=32, batch_size=4, steps_per_file=2
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """Pre-tokenized train / eval data (byte ids: the presets' tokenizer knows 258)."""
+    """Pre-tokenized train / eval data (byte ids)."""
     from logit_distill.data import write_pretokenized
 
     root = tmp_path_factory.mktemp("components")
