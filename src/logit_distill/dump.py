@@ -77,6 +77,7 @@ class DumpResult:
     tokens_per_s: float
     elapsed_s: float
     complete: bool
+    time_to_first_step_s: float | None = None  # from the call to the first new step handed to the writer
 
     def summary(self) -> str:
         return (
@@ -361,6 +362,7 @@ def run_dump(config: DumpConfig) -> DumpResult:
 
     committed = []
     steps_run = 0
+    first_step_at = None
     t_compute = time.perf_counter()
     if todo:
         compute = _Compute(teacher, config)
@@ -372,12 +374,15 @@ def run_dump(config: DumpConfig) -> DumpResult:
         pending = None
 
         def finish(item):
+            nonlocal first_step_at
             step, local, out = item
             if step in mine:
                 records = compute.fetch(out)
                 records.update(local)
                 records["example_index"] = np.arange(step * B + process * b, step * B + (process + 1) * b)
                 writer.submit(step, records)
+                if first_step_at is None:
+                    first_step_at = time.perf_counter()
             else:
                 compute.fetch(out)  # keep in step with the other processes
 
@@ -437,6 +442,7 @@ def run_dump(config: DumpConfig) -> DumpResult:
         tokens_per_s=tokens_run / elapsed_compute if steps_run else 0.0,
         elapsed_s=time.perf_counter() - t_start,
         complete=final.complete,
+        time_to_first_step_s=None if first_step_at is None else first_step_at - t_start,
     )
     if process == 0:
         print(f"logit-distill dump: {result.summary()}", file=sys.stderr, flush=True)

@@ -74,13 +74,20 @@ def read_bytes(uri: str) -> bytes:
         return f.read()
 
 
-def list_files(uri: str) -> list[dict]:
+def list_files(uri: str, with_sizes: bool = True) -> list[dict]:
     """Plain files directly under ``uri`` as dicts with ``name`` (base name) and ``size``.
 
     Always a fresh listing (fsspec's listing cache is bypassed), since the
-    store's truth is what is committed now.
+    store's truth is what is committed now. Locally, ``with_sizes=False``
+    skips one stat per file (sizes are then 0): a scan of 10^4 chunks needs names only.
     """
     fs, path = url_to_fs(uri)
+    if "file" in _protocols(fs):  # os.scandir: several times faster than fsspec's ls on 10^4 files
+        if not os.path.isdir(path):
+            return []
+        with os.scandir(path) as entries:
+            return [{"name": e.name, "size": e.stat().st_size if with_sizes else 0}
+                    for e in entries if e.is_file()]
     fs.invalidate_cache(path)
     if not fs.exists(path):
         return []

@@ -13,6 +13,7 @@ the set of names listed is the whole truth about what is committed.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 
 from .. import paths
@@ -24,7 +25,7 @@ CHUNK_RE = re.compile(
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ChunkInfo:
     name: str
     tag: str
@@ -47,10 +48,8 @@ def parse_chunk_name(name: str, size: int = 0) -> ChunkInfo | None:
     m = CHUNK_RE.match(name)
     if not m:
         return None
-    return ChunkInfo(
-        name=name, tag=m["tag"], process=int(m["process"]), start=int(m["start"]),
-        end=int(m["end"]), checksum=m["checksum"], size=size,
-    )
+    tag, process, start, end, checksum = m.groups()
+    return ChunkInfo(name, tag, int(process), int(start), int(end), checksum, size)
 
 
 def expected_ranges(manifest: dict) -> list[tuple[int, int]]:
@@ -94,14 +93,14 @@ class ScanResult:
 def scan(store_uri: str, manifest: dict, files: list[dict] | None = None) -> ScanResult:
     """Classify every file under ``store_uri``; never infers progress from the highest number."""
     if files is None:
-        files = paths.list_files(store_uri)
+        files = paths.list_files(store_uri, with_sizes=False)
     tag = manifest["fingerprint"][:8]
     ranges = expected_ranges(manifest)
     valid_ranges = set(ranges)
     processes = range(manifest["layout"]["num_processes"])
     by_key: dict[tuple[int, int, int], list[ChunkInfo]] = {}
     foreign, leftovers = [], []
-    for f in sorted(files, key=lambda f: f["name"]):
+    for f in sorted(files, key=operator.itemgetter("name")):
         name = f["name"]
         if name == manifest_mod.MANIFEST_NAME:
             continue

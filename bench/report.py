@@ -1,0 +1,239 @@
+"""docs/BENCHMARKS.md from bench/results.json: the figures, their goals, the machine and the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+GOALS = {  # key -> (comparison, goal) from issue 7; None: reported without a goal
+    "dump_overhead_ratio": ("<=", 1.05),
+    "dump_overhead_ratio_gcs": ("<=", 1.05),
+    "selection_overhead_ratio": None,
+    "bytes_per_entry": ("<=", 4.25),
+    "codec_max_abs_logprob_error": ("<=", 1e-3),
+    "resume_time_ratio_10k_chunks": ("<=", 2.0),
+    "train_overhead_ratio": ("<=", 1.10),
+    "online_over_offline_step_ratio": (">=", 1.5),
+    "loader_over_train_throughput": (">=", 10.0),
+    "verify_over_decode_ratio": ("<=", 1.5),
+    "kd_vs_ce_heldout": ("kd<ce", None),
+}
+
+
+def _s(summary: dict | None) -> str:
+    return "?" if not summary else f"{summary['median_s']:.3g} s"
+
+
+def _f(x, digits: int = 4) -> str:
+    if isinstance(x, float):
+        if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+            return f"{x:.3g}"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def met(key: str, value) -> str:
+    goal = GOALS.get(key)
+    if goal is None:
+        return "(no goal)"
+    op, target = goal
+    if op == "kd<ce":
+        ok = value["kd_student"] < value["ce_student"]
+    elif op == "<=":
+        ok = value <= target
+    else:
+        ok = value >= target
+    return "yes" if ok else "**no**"
+
+
+def goal_text(key: str) -> str:
+    goal = GOALS.get(key)
+    if goal is None:
+        return "-"
+    op, target = goal
+    if op == "kd<ce":
+        return "KD < CE"
+    return f"{'≤' if op == '<=' else '≥'} {_f(target)}"
+
+
+def value_text(key: str, value) -> str:
+    if key == "kd_vs_ce_heldout":
+        return (f"KD {value['kd_student']:.3f}, CE {value['ce_student']:.3f}, "
+                f"teacher {value['teacher']:.3f}")
+    return _f(value)
+
+
+def explain(key: str, d: dict, results: dict) -> str:
+    """What the figure measures here, with its two absolute measurements, and what limits it."""
+    if key in ("dump_overhead_ratio", "dump_overhead_ratio_gcs"):
+        return (f"`run_dump` ({d['storage']}) vs the same `prepare` + `_Compute` loop over the same {d['num_steps']} "
+                f"steps x {d['batch_size']} x {d['seq_len']} tokens with outputs fetched and nothing written; "
+                f"span from building `_Compute` to the last commit: {_s(d['dump_loop'])} vs "
+                f"{_s(d['compute_only_loop'])} ({d['chunks']} chunks; whole calls incl. loading: ratio "
+                f"{d['end_to_end_ratio']:.3f}). "
+                + (f"Below 1 means the writer's cost is under the noise of this shared machine (compute-only "
+                   f"rounds took {d['compute_only_loop']['min_s']:.1f}-{d['compute_only_loop']['max_s']:.1f} s). "
+                   if results.get(key, {}).get("value", 1) < 1 else "")
+                + "Limit: on 2 shared cores the writer's encode thread takes CPU from the teacher's forward; "
+                "on an accelerator it runs beside the device.")
+    if key == "selection_overhead_ratio":
+        return (f"bench teacher on [1, {d['seq_len']}], k={d['top_k']}: forward + top-k + tail "
+                f"{_s(d['forward_topk'])} vs forward + logsumexp {_s(d['forward_logsumexp'])}. Limit: "
+                "`lax.top_k` over 32k logits and the second (masked) logsumexp for the tail, on CPU.")
+    if key == "bytes_per_entry":
+        return (f"default codec, whole store / (positions x k) at vocab {d['vocab_size']} ({d['id_bits']}-bit ids), "
+                f"{d['layout']}; same records: exact {d['bytes_per_entry_exact']:.3f}, reference float32 + int64 "
+                f"{d['bytes_per_entry_reference_f32_i64']:.3f}; default at Qwen's 151,936 vocabulary "
+                f"{d['bytes_per_entry_default_at_vocab_151936']:.3f} (formula "
+                f"{d['bytes_per_entry_formula_default_at_vocab_151936']:.3f}: 4.25 for the top-k entries + tokens, "
+                f"tail and header per position). The bench dump's own small chunks "
+                f"({d['dumped_store_chunk_mb']:.2f} MB) give {d['bytes_per_entry_dumped_store_small_chunks']:.3f}: "
+                "ArrayRecord pads each file to 64 KiB blocks.")
+    if key == "codec_max_abs_logprob_error":
+        return (f"the dumped default store decoded vs the float32 compute, {d['examples']} examples: top-k "
+                f"{_f(d['topk_logprobs'])}, tail {_f(d['tail_logprob'])} (bound 2^-11 = {_f(d['bound'])}); "
+                f"ids identical: {d['ids_identical']}.")
+    if key == "resume_time_ratio_10k_chunks":
+        text = (f"`init_store` + `scan` + `steps_to_run` + `BackgroundWriter` + first `submit` on a local store "
+                f"of {d['chunks']:,} committed chunks vs 1: {_s(d['many_chunks'])} vs {_s(d['one_chunk'])}. "
+                "Limit: the listing (fsspec `ls` stats every file) and parsing 10k names in Python, about "
+                f"{(d['many_chunks']['median_s'] - d['one_chunk']['median_s']) * 1e3:.0f} ms in all; the span "
+                "excludes loading the teacher and the data and compiling, which do not depend on the chunk count")
+        dump = results.get("dump_overhead_ratio")
+        if dump:
+            dd = dump["details"]
+            fixed = dd["dump_wall"]["median_s"] - dd["dump_loop"]["median_s"]
+            many, one = d["many_chunks"]["median_s"], d["one_chunk"]["median_s"]
+            text += (f" (with the bench dump's own start, {fixed:.1f} s before its loop, the ratio from process "
+                     f"start would be about {(fixed + many) / (fixed + one):.2f})")
+        return text + "."
+    if key == "train_overhead_ratio":
+        return (f"student step (topk_kl, alpha 0.5) {_s(d['offline_kd_step'])} vs plain-CE step "
+                f"{_s(d['ce_only_step'])}, batch {d['batch']} x {d['seq_len']}, vocab {d['vocab_size']}, k "
+                f"{d['top_k']}; `train_student`'s own CE run (alpha 0, KD kept as a metric) "
+                f"{_s(d['ce_alpha0_step'])}. Limit: the gather of the k ids from [B, L, V] logits and its "
+                "scatter-add gradient, plus the teacher fields' transfer, against a small student whose step "
+                "is dominated by the 32k-vocab head.")
+    if key == "online_over_offline_step_ratio":
+        return (f"online step (teacher forward + top-k on the batch, then the same step) "
+                f"{_s(d['online_kd_step'])} vs offline {_s(d['offline_kd_step'])}; teacher/student forward "
+                f"FLOPs {d['teacher_over_student_forward_flops']:.1f}x.")
+    if key == "loader_over_train_throughput":
+        return (f"Grain loader over a default-codec store {d['loader_examples_per_s']:.0f} examples/s vs offline "
+                f"training {d['train_examples_per_s']:.2f} examples/s (batch {d['batch']} x {d['seq_len']}).")
+    if key == "verify_over_decode_ratio":
+        return (f"`verify_store` {_s(d['verify'])} vs one single-threaded pass decoding every record "
+                f"{_s(d['decode_pass'])} ({d['store']}). Limit: verify's per-record checks (sortedness, "
+                "normalization, distinct ids, token hash) on top of the decode, on 2 cores shared with its "
+                "2 workers.")
+    if key == "kd_vs_ce_heldout":
+        return (f"held-out cross-entropy ({d['unit']}); {d['student']} trained {d['steps']} steps, batch "
+                f"{d['batch_size']} x {d['seq_len']}, from a store of {d['teacher']} ({d['kd']}) vs CE only; "
+                f"untrained student {d['untrained_student']:.3f}, uniform {d['uniform_over_vocab']:.3f}. Limit: "
+                f"{d['train_tokens']:,} training tokens (sampling without a KV cache is what costs) for "
+                f"{d['steps'] * d['batch_size'] * d['seq_len']:,} tokens of training: both students overfit, "
+                "far above the teacher; KD's full distributions regularize.")
+    return ""
+
+
+ORDER = list(GOALS)
+
+
+def render(doc: dict) -> str:
+    meta = doc["meta"]
+    results = {k: v for k, v in doc.items() if k != "meta"}
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `bench/report.py` from `bench/results.json`; do not edit by hand.",
+        "",
+        f"Command: `{meta['command']}` (`make bench` runs `python -m bench.run`), "
+        f"{meta['wall_s'] / 60:.1f} minutes, {meta['date']}.",
+        "",
+        "Every figure is a ratio of two things measured side by side in the same run: the two are "
+        "interleaved (A, B, B, A, ...) and repeated; the figure is the median over rounds of each "
+        "round's ratio, so background load hits both sides alike. Absolute times are in `bench/results.json` and below.",
+        "",
+        "## Figures",
+        "",
+        "| key | value | goal | met? | what it measures / what limits it |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key in ORDER:
+        if key not in results:
+            continue
+        r = results[key]
+        lines.append(f"| `{key}` | {value_text(key, r['value'])} | {goal_text(key)} | {met(key, r['value'])} | "
+                     f"{explain(key, r['details'], results).replace('|', '/')} |")
+    missing = [k for k in ORDER if k not in results]
+    if missing:
+        lines += ["", f"Not measured in this run: {', '.join(f'`{k}`' for k in missing)}."]
+    if meta.get("errors"):
+        lines += ["", "Errors: " + "; ".join(f"{g}: {e}" for g, e in meta["errors"].items())]
+    la0, la1 = meta.get("load_average_start", [0])[0], meta.get("load_average_end", [0])[0]
+    lines += [
+        "",
+        "## Machine",
+        "",
+        f"- {meta['cpu_count']} CPU cores ({meta['cpu_model']}), {meta['platform']}, Python {meta['python']}",
+        f"- JAX {meta['jax_version']}, backend `{meta['jax_backend']}`, devices {', '.join(meta['devices'])}",
+        f"- load average {la0:.1f} at the start and {la1:.1f} at the end: the machine was shared with other "
+        "work, so absolute times are noisy; the ratios are what to compare.",
+        f"- mode: `{meta['mode']}`; sizes: `{json.dumps(meta.get('size', {}), sort_keys=True)}`",
+        "",
+    ]
+    lines += _accelerator_section(meta, results)
+    lines += [
+        "## How to run",
+        "",
+        "```",
+        "make bench                                  # everything, default sizes (about 10 min on 2 CPU cores)",
+        "python -m bench.run --only dump,train      # a subset: keys or groups (selection, dump, resume, verify, train, kd)",
+        "python -m bench.run --full                 # larger sizes, more repeats (longer)",
+        "```",
+        "",
+        "`bench/results.json` holds every figure with its details (both absolute times, sizes) and `meta` "
+        "(machine, versions, date, command). A run with `--only` updates the figures it measures and keeps "
+        "the others. The scripts use whatever JAX backend is present; on a GPU or TPU the dump and train "
+        "figures come with absolute tokens/s (section above).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _accelerator_section(meta: dict, results: dict) -> list[str]:
+    lines = ["## On an accelerator", ""]
+    if meta.get("jax_backend") in (None, "cpu"):
+        return lines + ["No GPU figures were measured in this run (no accelerator on this machine). The same "
+                        "command on a GPU or TPU machine measures the same figures there and lists the absolute "
+                        "tokens/s of the dump and of the training steps in this section.", ""]
+    rows = []
+    for key, field, what in (
+        ("dump_overhead_ratio", "dump_tokens_per_s", "dump (local disk)"),
+        ("dump_overhead_ratio", "compute_only_tokens_per_s", "dump compute only"),
+        ("dump_overhead_ratio_gcs", "dump_tokens_per_s", "dump (GCS emulator)"),
+        ("selection_overhead_ratio", "tokens_per_s_forward_topk", "teacher forward + top-k"),
+        ("train_overhead_ratio", "offline_kd_tokens_per_s", "offline KD train step"),
+        ("online_over_offline_step_ratio", "online_kd_tokens_per_s", "online KD train step"),
+    ):
+        if key in results and field in results[key]["details"]:
+            rows.append(f"| {what} | {results[key]['details'][field]:.0f} |")
+    return lines + [f"Backend `{meta['jax_backend']}` ({', '.join(meta['devices'])}).", "",
+                    "| what | tokens/s |", "| --- | --- |", *rows, ""]
+
+
+def write_markdown(doc: dict, path: str) -> None:
+    text = render(doc)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":  # python -m bench.report [results.json] [BENCHMARKS.md]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "bench", "results.json")
+    dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "docs", "BENCHMARKS.md")
+    with open(src) as f:
+        write_markdown(json.load(f), dst)
