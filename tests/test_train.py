@@ -163,6 +163,26 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     assert again.resumed_from_step == steps and again.metrics["step"] == steps
 
 
+def test_sigterm_saves_a_checkpoint_and_exits_nonzero(setup, tmp_path):
+    steps = 400
+    out = str(tmp_path / "term")
+    proc = subprocess.Popen(_cli_cmd(setup, out, steps), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpts = os.path.join(out, "checkpoints")
+    deadline = time.time() + 120
+    while not (os.path.isdir(ckpts) and any(n.isdigit() for n in os.listdir(ckpts))):
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint in time"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    at = int(err.split("at step ")[-1].split(";")[0])
+    assert 10 <= at < steps and "checkpoint saved" in err
+    assert str(at) in os.listdir(ckpts)
+    rerun = subprocess.run(_cli_cmd(setup, out, steps), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout)["resumed_from_step"] == at
+
+
 def test_rerun_with_other_settings_is_refused(setup, tmp_path):
     out = str(tmp_path / "o")
     kw = dict(store=setup["store"], student=setup["student"], output=out, batch_size=4, progress=False)

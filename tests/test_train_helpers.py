@@ -4,12 +4,13 @@ tokenizer, a store written by the dump, weight comparisons."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 
 from logit_distill import store as store_mod
 from logit_distill.models import PRESETS, build_model, init_params, save_hf_checkpoint
-from logit_distill.models.presets import preset_dir
+from logit_distill.models.presets import write_tokenizer
 
 VOCAB = 258  # the preset byte-level tokenizer's size: 256 bytes + <|endoftext|> + <|pad|>
 
@@ -31,8 +32,9 @@ def make_model_dir(out_dir: str, *, seed: int, init_range: float = 0.02, vocab_s
             layer["self_attn"]["o_proj"]["weight"] = layer["self_attn"]["o_proj"]["weight"] * 0
             layer["mlp"]["down_proj"]["weight"] = layer["mlp"]["down_proj"]["weight"] * 0
     loaded = build_model(cfg, params)
-    tok = os.path.join(preset_dir(base), "tokenizer.json")
-    save_hf_checkpoint(loaded, params, out_dir, tokenizer_path=tok)
+    with tempfile.TemporaryDirectory() as tok_dir:  # the preset tokenizer, sized to this vocabulary
+        write_tokenizer(tok_dir, cfg["max_position_embeddings"], vocab_size)
+        save_hf_checkpoint(loaded, params, out_dir, tokenizer_path=os.path.join(tok_dir, "tokenizer.json"))
     return out_dir
 
 

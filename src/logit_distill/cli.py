@@ -8,6 +8,7 @@ import os
 import sys
 
 from .errors import LogitDistillError
+from .signals import Interrupted
 
 
 def _register_preset(subparsers) -> None:
@@ -60,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
+    except Interrupted as e:
+        print(f"logit-distill {args.command}: interrupted: {e}", file=sys.stderr)
+        return 130
     except LogitDistillError as e:
         print(f"logit-distill {args.command}: error: {e}", file=sys.stderr)
-        return 130 if type(e).__name__ == "DumpInterrupted" else 2
+        return 2
 
 
 if __name__ == "__main__":

@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import sys
-import threading
 import time
 
 import numpy as np
 
 from . import paths
 from . import store as store_mod
-from .errors import InputError, LogitDistillError, StoreError
+from .errors import InputError, StoreError
+from .signals import Interrupted, StopOnSignal
 from .store import manifest as manifest_mod
 
 log = logging.getLogger("logit_distill.dump")
 
 
-class DumpInterrupted(LogitDistillError):
+class DumpInterrupted(Interrupted):
     """The dump stopped on a signal; committed chunks are kept and a re-run resumes."""
 
 
@@ -294,29 +293,6 @@ class _Compute:
 # ----------------------------------------------------------------- the dump
 
 
-class _StopFlag:
-    """Set by SIGTERM/SIGINT while the dump runs; restores the old handlers afterwards."""
-
-    def __init__(self):
-        self.event = threading.Event()
-        self.signum = None
-        self._old = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-        self.event.set()
-
-    def __exit__(self, *exc):
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-
 def steps_to_run(manifest: dict, scan) -> list[int]:
     """The steps some process still lacks, in order: every missing chunk range, gaps included."""
     steps = set()
@@ -387,7 +363,7 @@ def run_dump(config: DumpConfig) -> DumpResult:
                 compute.fetch(out)  # keep in step with the other processes
 
         try:
-            with _StopFlag() as stop:
+            with StopOnSignal() as stop:
                 for step in todo:
                     if stop.event.is_set():
                         break

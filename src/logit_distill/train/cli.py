@@ -11,6 +11,7 @@ import json
 import sys
 
 from ..errors import LogitDistillError
+from ..signals import Interrupted
 
 DESCRIPTION = """\
 Train a student from a logit store (offline), or from a teacher run in the loop
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
             data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
             max_eval_examples=args.max_eval_examples,
         )
+    except Interrupted as e:
+        print(f"logit-distill train: interrupted: {e}", file=sys.stderr)
+        return 130
     except LogitDistillError as e:
         print(f"logit-distill train: error: {e}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import paths
 from ..errors import InputError
+from ..signals import Interrupted, StopOnSignal
 from . import checkpointing, loader
 from .evaluate import evaluate, open_eval_data
 from .losses import KINDS, distill_loss
@@ -33,6 +34,10 @@ from . import schedules
 from .schedules import ALPHA_KINDS, learning_rate_schedule
 
 CONFIG_NAME = "train_config.json"
+
+
+class TrainingInterrupted(Interrupted):
+    """Training stopped on a signal after saving a checkpoint; a re-run resumes."""
 METRICS_NAME = "metrics.jsonl"
 EVAL_NAME = "eval.json"
 HF_DIR = "hf"
@@ -398,6 +403,7 @@ def train_student(
     pending = None  # (step, device metrics, alpha, lr, tokens): fetched after the next step is dispatched
     tokens_acc, t_last = 0, time.perf_counter()
     last_metrics = metrics_log.last if metrics_log else None
+    stop = StopOnSignal().__enter__()  # SIGTERM/SIGINT: checkpoint at the next step boundary
     try:
         for step in range(start, num_steps):
             alpha_value = float(alpha_fn(step))
@@ -430,10 +436,19 @@ def train_student(
                     metrics_log.flush()
             if bar is not None:
                 bar.update(1)
+            if stop.event.is_set() and done < num_steps:  # preempted: save here, a re-run resumes exactly
+                if pending is not None:
+                    last_metrics, t_last = _emit(pending, t_last, metrics_log, log_line, num_steps)
+                    pending = None
+                if done % checkpoint_every:
+                    ckpt.save(done, state, data_iter)
+                raise TrainingInterrupted(f"stopped by signal {stop.signum} at step {done}; checkpoint saved; "
+                                          "re-run the same command to resume")
         if pending is not None:
             last_metrics, t_last = _emit(pending, t_last, metrics_log, log_line,
                                                        num_steps)
     finally:
+        stop.__exit__()
         if bar is not None:
             bar.close()
         ckpt.close()
