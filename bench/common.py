@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -24,6 +22,8 @@ def setup_environment() -> None:
     os.environ.setdefault("LOGIT_DISTILL_CACHE", os.path.join(OUT, "cache"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        from logit_distill.emulator import free_port  # imports neither jax nor gcsfs
+
         os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{free_port()}"
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
@@ -36,12 +36,6 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", os.path.join(OUT, "jax-cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fresh_dir(*parts: str) -> str:
@@ -172,39 +166,9 @@ def random_documents(num_docs: int, vocab_size: int, min_len: int, max_len: int,
 
 
 def fake_step(manifest: dict, step: int, process: int = 0, seed: int = 0) -> dict:
-    """Well-formed records of one step, cheap at any vocabulary (``store.synthetic.synthetic_step``
-    draws [b, L, V] logits: too slow at V = 32k for stores of hundreds of examples).
+    from logit_distill.store.synthetic import synthetic_step
 
-    Distinct ids, log-probs sorted descending, top-k mass + tail = 1; two documents and padding."""
-    shapes, layout = manifest["shapes"], manifest["layout"]
-    L, k, V = shapes["seq_len"], shapes["top_k"], shapes["vocab_size"]
-    b = layout["examples_per_step"] // layout["num_processes"]
-    rng = np.random.default_rng([seed, step, process])
-    first = step * layout["examples_per_step"] + process * b
-    tokens = rng.integers(0, V, size=(b, L), dtype=np.int32)
-    cut, pad = max(1, L // 2), L // 8
-    segment_ids = np.ones((b, L), np.int32)
-    segment_ids[:, cut:] = 2
-    positions = np.tile(np.arange(L, dtype=np.int32), (b, 1))
-    positions[:, cut:] -= cut
-    if pad:
-        segment_ids[:, L - pad:] = 0
-        positions[:, L - pad:] = 0
-    stride = max(1, V // k)
-    ids = ((rng.integers(0, V, size=(b, L, 1)) + np.arange(k) * stride) % V).astype(np.int32)
-    z = -np.sort(-rng.normal(scale=3.0, size=(b, L, k)), axis=-1)
-    z = z - z.max(-1, keepdims=True)
-    log_softmax = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    tail_mass = rng.uniform(0.01, 0.3, size=(b, L))
-    return {
-        "example_index": np.arange(first, first + b, dtype=np.int64),
-        "tokens": tokens,
-        "segment_ids": segment_ids,
-        "positions": positions,
-        "topk_ids": ids,
-        "topk_logprobs": (log_softmax + np.log1p(-tail_mass)[..., None]).astype(np.float32),
-        "tail_logprob": np.log(tail_mass).astype(np.float32),
-    }
+    return synthetic_step(manifest, step, process, seed)
 
 
 def dir_bytes(path: str) -> int:
@@ -217,29 +181,11 @@ def dir_bytes(path: str) -> int:
 
 @contextlib.contextmanager
 def gcs_emulator():
-    """gcp-storage-emulator (from the venv's bin) on the port of STORAGE_EMULATOR_HOST, in memory."""
-    url = os.environ["STORAGE_EMULATOR_HOST"]
-    port = int(url.rsplit(":", 1)[1])
-    exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"gcp-storage-emulator did not start on port {port}")
-                time.sleep(0.1)
+    """gcp-storage-emulator on the port of STORAGE_EMULATOR_HOST, in memory."""
+    from logit_distill.emulator import gcs_emulator as run_emulator
+
+    with run_emulator(int(os.environ["STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def make_bucket(name: str) -> str:

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from logit_distill.emulator import free_port
 
 
 # Set before anything imports gcsfs; subprocesses started by tests inherit them.
-os.environ.setdefault("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{_free_port()}")
+os.environ.setdefault("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Module- and session-scoped fixtures run before the per-test cache below: give them a fresh one too.
@@ -37,29 +29,11 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """Start gcp-storage-emulator on loopback for the session; yield its URL."""
-    url = os.environ["STORAGE_EMULATOR_HOST"]
-    port = int(url.rsplit(":", 1)[1])
-    exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-    proc = subprocess.Popen(
-        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError(f"gcp-storage-emulator did not start on port {port}")
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    from logit_distill.emulator import gcs_emulator as run_emulator
+
+    port = int(os.environ["STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])
+    with run_emulator(port) as url:
+        yield url
 
 
 @pytest.fixture

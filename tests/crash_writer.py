@@ -8,7 +8,7 @@ from logit_distill.store.synthetic import synthetic_step
 
 uri = sys.argv[1]
 manifest = store.build_manifest(
-    seq_len=64, top_k=16, vocab_size=1024, codec="default", num_steps=30, examples_per_step=8,
+    seq_len=64, top_k=16, vocab_size=1024, codec="default", num_steps=60, examples_per_step=8,
     steps_per_file=2, num_processes=1, content={"teacher": "crash-test"},
 )
 store.init_store(uri, manifest)

@@ -16,9 +16,23 @@ from logit_distill.store.synthetic import synthetic_step
 HERE = os.path.dirname(__file__)
 
 
+def _committed(uri):
+    from logit_distill import paths
+
+    try:
+        return sum(f["name"].startswith("chunk-") for f in paths.list_files(uri))
+    except Exception:  # noqa: BLE001 - the store may not exist yet
+        return 0
+
+
 def _run_until_killed(uri, delay):
+    """Start the writer, wait until it commits a new chunk, then SIGKILL it ``delay`` s later."""
+    before = _committed(uri)
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "crash_writer.py"), uri],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    deadline = time.time() + 120
+    while proc.poll() is None and _committed(uri) <= before and time.time() < deadline:
+        time.sleep(0.05)
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -45,7 +59,7 @@ def test_sigkill_never_leaves_an_accepted_incomplete_chunk(backend, tmp_path, re
     rng = random.Random(1234)
     seen_partial = False
     for _ in range(4):
-        _run_until_killed(uri, rng.uniform(1.5, 4.0))
+        _run_until_killed(uri, rng.uniform(0.0, 1.0))
         result = _check_every_committed_chunk(uri)
         seen_partial |= 0 < result.num_present < result.num_expected
     # The kills landed mid-run at least once, and a final run completes the store.
