@@ -377,3 +377,35 @@ def test_sharded_apply_matches_single_device(tmp_path):
     res = json.loads(line[len("RESULT"):])
     assert res["fsdp"] <= 1e-5 and res["replicate"] <= 1e-5 and res["load_with_mesh"] <= 1e-5, res
     assert "fsdp" in res["fsdp_embed_spec"] and "fsdp" not in res["replicate_embed_spec"]
+
+
+def test_tunix_llama3_rope_ignores_the_checkpoint_settings():
+    """Why we own the decoder (docs/MODELS.md): Tunix's Llama 3 attention applies RoPE with its
+    default theta (1e6) and no llama3 scaling, whatever the checkpoint says; ours matches HF."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    from tunix.models.llama3.model import apply_rope as tunix_apply_rope
+
+    import jax.numpy as jnp
+
+    from logit_distill.models import decoder, from_hf_config
+
+    hf = dict(HF_CONFIGS["llama3"], head_dim=128, hidden_size=512, num_attention_heads=4)
+    head_dim = hf["head_dim"]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 8, 2, head_dim)).astype(np.float32)  # [B, L, heads, head_dim]
+    positions = np.array([[0, 1, 7, 100, 1000, 4096, 9000, 30000]], dtype=np.int32)
+
+    rotary = LlamaRotaryEmbedding(LlamaConfig(**hf))
+    cos, sin = rotary(torch.zeros(1), torch.tensor(positions, dtype=torch.long))
+    q = torch.tensor(x).transpose(1, 2)  # HF: [B, heads, L, head_dim]
+    ref = apply_rotary_pos_emb(q, q, cos, sin)[0].transpose(1, 2).numpy()
+
+    cfg = from_hf_config(hf)
+    ours = np.asarray(decoder._rope(jnp.asarray(x), jnp.asarray(positions), cfg.inv_freq(0)))
+    # As Tunix's Llama 3 Attention calls it: no rope_theta, no scaling.
+    tunix = np.asarray(tunix_apply_rope(jnp.asarray(x), jnp.asarray(positions), head_dim=head_dim))
+    # float32 angles of up to 3e4 rad: both sides round at the 1e-3 level there
+    assert np.abs(ours - ref).max() < 1e-2
+    assert np.abs(tunix - ref).max() > 0.5
