@@ -111,8 +111,7 @@ class Store:
             raise IndexError(f"example {index} out of range [0, {self.expected_examples})")
         step, r = divmod(index, self.examples_per_step)
         process, offset = divmod(r, self.examples_per_process)
-        start = (step // self.steps_per_file) * self.steps_per_file
-        end = min(start + self.steps_per_file, self.manifest["layout"]["num_steps"])
+        start, end = chunks_mod.range_of_step(self.manifest, step)
         chunk = self.scan.chunks.get((process, start, end))
         if chunk is None:
             raise StoreError(

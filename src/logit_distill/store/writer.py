@@ -165,7 +165,6 @@ class BackgroundWriter:
         self.store_uri, self.manifest, self.process = store_uri, manifest, process
         self.on_commit = on_commit
         self._tag = manifest_mod.store_tag(manifest)
-        self._ranges = chunks_mod.expected_ranges(manifest)
         self._steps: queue.Queue = queue.Queue(maxsize=max_pending_steps)
         self._chunks: queue.Queue = queue.Queue(maxsize=max_pending_chunks)
         self._error: BaseException | None = None
@@ -223,10 +222,6 @@ class BackgroundWriter:
 
     # -- background side
 
-    def _range_of(self, step: int) -> tuple[int, int]:
-        s = self.manifest["layout"]["steps_per_file"]
-        return self._ranges[step // s]
-
     def _encode_loop(self) -> None:
         current: ChunkWriter | None = None
         next_step = None
@@ -238,7 +233,7 @@ class BackgroundWriter:
                 step, records = item
                 t0 = time.perf_counter()
                 if current is None:
-                    start, end = self._range_of(step)
+                    start, end = chunks_mod.range_of_step(self.manifest, step)
                     if step != start:
                         raise StoreError(f"step {step} submitted, but its chunk starts at step {start}")
                     current = ChunkWriter(self.store_uri, self.manifest, self.process, start, end, self._work_dir)
