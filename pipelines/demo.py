@@ -131,7 +131,9 @@ def read_executor_metrics(run_dir: str, task: str) -> dict:
     return found
 
 
-def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> str:
+def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tuple[str, bool]:
+    """The printed summary, and whether the run did what the demo shows (verified, both students
+    evaluated, the KD student below the CE-only one)."""
     dump = read_executor_metrics(run_dir, "dump-teacher-topk")
     verify = read_executor_metrics(run_dir, "verify-logits")
     kd = read_executor_metrics(run_dir, "train-offline-student")
@@ -163,7 +165,11 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> st
         f"    KD student model  {kd.get('model', {}).get('uri')} (HF export in hf/)",
         "=" * 72,
     ]
-    return "\n".join(lines)
+    kd_ce, ce_ce = kd_m.get("eval_cross_entropy"), ce_m.get("eval_cross_entropy")
+    ok = bool(verify.get("Output")) and kd_ce is not None and ce_ce is not None and kd_ce < ce_ce
+    if not ok:
+        lines.append("demo FAILED: the store did not verify, a student is missing, or KD did not beat CE-only")
+    return "\n".join(lines), ok
 
 
 def main(argv=None) -> int:
@@ -185,8 +191,9 @@ def main(argv=None) -> int:
     _log("running the pipeline under kfp.local (plan -> dump -> verify -> train KD + CE-only) ...")
     run_dir = run_pipeline(paths, out, train_steps=args.train_steps)
     teacher_eval = teacher_heldout(paths["teacher"], paths["eval_data"], PIPELINE_ARGS["seq_len"])
-    print(summary(run_dir, paths, teacher_eval, time.perf_counter() - t0), flush=True)
-    return 0
+    text, ok = summary(run_dir, paths, teacher_eval, time.perf_counter() - t0)
+    print(text, flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -186,3 +186,21 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
         ref, got = json.load(a), json.load(b)
     assert ref["fingerprint"] == got["fingerprint"]
     assert {k: v for k, v in ref.items() if k != "info"} == {k: v for k, v in got.items() if k != "info"}
+
+
+def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
+    """`make demo`: data sampled from the teacher, dump, verify, KD and CE-only students, summary."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pipelines.demo", "--out", str(tmp_path / "demo")],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    text = out.stdout[out.stdout.index("logit-distill demo: done"):]
+    assert "verification     PASSED" in text
+    values = {}
+    for line in text.splitlines():
+        for name in ("teacher", "KD student", "CE-only student"):
+            if line.strip().startswith(name + " ") and "/" not in line:  # not the report paths
+                values[name] = float(line.split()[-1])
+    assert values["teacher"] < values["KD student"] < values["CE-only student"], values
