@@ -360,3 +360,26 @@ def test_two_devices_replicated_and_fsdp_match_one_device(setup, tmp_path):
         assert [r["grad_norm"] for r in rows] == pytest.approx([r["grad_norm"] for r in ref], rel=1e-4), mode
         # ... which Adam amplifies where a gradient is ~0 (g / (sqrt(v) + eps) ~ +-1): up to ~lr per step
         assert max_weight_diff(one.hf_dir, str(tmp_path / mode / "hf")) <= 0.5 * common["learning_rate"], mode
+
+
+def test_two_processes_train_like_one(setup, tmp_path):
+    """JAX multi-controller: 2 CPU processes through jax.distributed, each loading its share of the
+    batch, give the losses of 1 process; checkpoints and the HF export are written once."""
+    import socket
+
+    common = dict(store=setup["store"], student=setup["student"], num_steps=4, batch_size=4,
+                  learning_rate=1e-2, checkpoint_every=2, progress=False)
+    one = train_student(output=str(tmp_path / "one"), **common)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = os.path.join(os.path.dirname(__file__), "multihost_train.py")
+    kwargs = json.dumps(dict(common, output=str(tmp_path / "multi")))
+    procs = [subprocess.Popen([sys.executable, script, port, str(i), kwargs], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[-2000:] for o in outs]
+    rows, ref = _metrics(str(tmp_path / "multi")), _metrics(one.output)
+    assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in ref], abs=1e-5)
+    assert sorted(os.listdir(tmp_path / "multi" / "checkpoints")) == sorted(os.listdir(tmp_path / "one" / "checkpoints"))
+    assert max_weight_diff(one.hf_dir, str(tmp_path / "multi" / "hf")) <= 0.5 * common["learning_rate"]
