@@ -1,0 +1,166 @@
+"""The data alignment and teacher spot checks, on examples sampled from the store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .. import codec as codec_mod
+from ..errors import InputError
+from ..store import chunks as chunks_mod
+from .context import _Ctx
+from .report import _Check
+
+
+def _sample(ctx: _Ctx, present: list[chunks_mod.ChunkInfo], count: int, seed: int) -> list[tuple]:
+    """Up to ``count`` (global index, chunk, record), the first and last present example first, then random."""
+    if count <= 0 or not present:
+        return []
+    sizes = np.array([ctx.expected_records(c) for c in present], np.int64)
+    total = int(sizes.sum())
+    count = min(count, total)
+    rng = np.random.default_rng(seed)
+    picks = [0, total - 1] if total > 1 else [0]
+    if count > len(picks):
+        rest = rng.choice(total, size=min(total, count + 2), replace=False)
+        picks += [int(x) for x in rest if x not in (0, total - 1)]
+    picks = list(dict.fromkeys(picks))[:count]
+    ends = np.cumsum(sizes)
+    out = []
+    for flat in picks:
+        ci = int(np.searchsorted(ends, flat, side="right"))
+        record = flat - (int(ends[ci - 1]) if ci else 0)
+        out.append((int(ctx.global_index(present[ci], record)), present[ci], int(record)))
+    return out
+
+
+def _prepare_source(manifest: dict, data: str, tokenizer: str | None):
+    from ..data import ExampleSource
+
+    content = manifest.get("content") or {}
+    want = content.get("data") if isinstance(content, dict) else None
+    if not isinstance(want, dict):
+        raise InputError("the manifest records no data settings (content.data): the store was not written by "
+                         "`logit-distill dump`, so the data order cannot be rebuilt")
+    source = ExampleSource.open(
+        data, tokenizer, seq_len=manifest["shapes"]["seq_len"], packing=bool(want.get("packing", True)),
+        seed=int(want.get("seed", 0)), text_field=want.get("text_field") or "text",
+    )
+    return source, want
+
+
+def _check_data(ctx: _Ctx, source, want: dict, samples: list, kept: dict, chk: _Check) -> None:
+    have = source.identity
+    # Only the fields the store recorded are compared (the dump may leave derived counts out).
+    differ = sorted(k for k in want if want[k] != have.get(k, "<absent>"))
+    for key in differ:
+        chk.add("identity", f"data identity differs from the store's manifest: {key}: store has "
+                            f"{want.get(key, '<absent>')!r}, --data gives {have.get(key, '<absent>')!r}", field=key)
+    needed = ctx.manifest["layout"]["num_steps"] * ctx.B
+    if len(source) < needed:
+        chk.add("length", f"--data gives {len(source)} examples, the store holds {needed}")
+    checked = mismatched = 0
+    for g, chunk, record in samples:
+        if g not in kept:
+            continue  # undecodable: reported by `records`
+        rec = kept[g][0]
+        if g >= len(source):
+            continue
+        want_ex = source[g]
+        checked += 1
+        for key in ("tokens", "segment_ids", "positions"):
+            diff = np.flatnonzero(want_ex[key] != rec[key])
+            if diff.size:
+                mismatched += 1
+                chk.add("tokens", f"{ctx.chunk_uri(chunk)} record {record} (example {g}): {key} differ from the "
+                                  f"data pipeline's at {diff.size} of {ctx.seq_len} positions (first at {int(diff[0])})",
+                        chunk=chunk.name, record=record, example=g, field=key)
+                break
+    chk.details.update(examples_compared=checked, examples_mismatched=mismatched, identity_differs=differ)
+    chk.ok_message = f"{checked} sampled examples equal the data pipeline's; data identity matches the manifest"
+
+
+def _prepare_teacher(manifest: dict, teacher: str):
+    from ..models import load_model
+
+    content = manifest.get("content") or {}
+    dtype = content.get("teacher_dtype") or "float32"
+    return load_model(teacher, dtype=dtype)
+
+
+def _spot_fn(apply, k: int):
+    import jax
+    import jax.numpy as jnp
+
+    from ..topk import select_topk
+
+    @jax.jit
+    def fn(params, tokens, positions, segment_ids, stored_ids):
+        logits = apply(params, tokens, positions, segment_ids).astype(jnp.float32)
+        out = select_topk(logits, k)
+        lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        out["stored_ids_logprob"] = jnp.take_along_axis(logits, stored_ids, axis=-1) - lse
+        return out
+
+    return fn
+
+
+def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | None, chk: _Check) -> None:
+    content = ctx.manifest.get("content") or {}
+    want_id = content.get("teacher") if isinstance(content, dict) else None
+    if isinstance(want_id, dict) and want_id != loaded.identity:
+        keys = sorted(k for k in set(want_id) | set(loaded.identity) if want_id.get(k) != loaded.identity.get(k))
+        chk.add("identity", f"the teacher's identity differs from the store's manifest in {', '.join(keys)} "
+                            f"(store: {json.dumps(want_id, sort_keys=True)[:200]}); is it the dump's teacher?")
+    if loaded.vocab_size != ctx.vocab:
+        chk.add("vocab", f"the teacher's vocabulary has {loaded.vocab_size} entries, the store's {ctx.vocab}")
+        return
+    bound = atol if atol is not None else (
+        codec_mod.LOGPROB_MAX_ERROR + 1e-4 if ctx.codec == "default" else 1e-4)
+    todo = [(g, chunk, record) for g, chunk, record in samples if g in kept]
+    if not todo:
+        chk.add("nothing", "no sampled example could be decoded (see records)")
+        return
+    fn = _spot_fn(loaded.apply, ctx.top_k)
+    bs = min(8, len(todo))
+    floor = codec_mod.LOGPROB_FLOOR if ctx.codec == "default" else -np.inf
+    max_err, id_agree, id_total, positions_bad = 0.0, 0, 0, 0
+    for first in range(0, len(todo), bs):
+        group = todo[first:first + bs]
+        recs = [kept[g][0] for g, _, _ in group]
+        recs += [recs[-1]] * (bs - len(recs))  # one shape, one compilation
+        stack = {key: np.stack([r[key] for r in recs]) for key in
+                 ("tokens", "positions", "segment_ids", "topk_ids", "topk_logprobs", "tail_logprob")}
+        stored_ids = np.clip(stack["topk_ids"], 0, ctx.vocab - 1).astype(np.int32)
+        out = fn(loaded.params, stack["tokens"], stack["positions"], stack["segment_ids"], stored_ids)
+        out = {key: np.asarray(v) for key, v in out.items()}
+        for j, (g, chunk, record) in enumerate(group):
+            t_top = np.maximum(out["topk_logprobs"][j], floor)
+            t_at_stored = np.maximum(out["stored_ids_logprob"][j], floor)
+            t_tail = np.maximum(out["tail_logprob"][j], floor)
+            with np.errstate(invalid="ignore"):
+                # The stored log-prob of each stored id, and ids equal except at ties: where the ids
+                # differ, the teacher's log-probs of both ids are within the bound.
+                d_value = np.abs(stack["topk_logprobs"][j] - t_at_stored)
+                d_ids = np.abs(t_at_stored - t_top)
+                d_tail = np.where(stack["tail_logprob"][j] == t_tail, 0.0, np.abs(stack["tail_logprob"][j] - t_tail))
+            err = np.maximum(np.maximum(d_value, d_ids).max(-1), d_tail)
+            err = np.where(np.isnan(err), np.inf, err)
+            id_agree += int((stack["topk_ids"][j] == out["topk_ids"][j]).sum())
+            id_total += stack["topk_ids"][j].size
+            max_err = max(max_err, float(err.max()))
+            bad = np.flatnonzero(err > bound)
+            positions_bad += int(bad.size)
+            if bad.size:
+                pos = int(bad[0])
+                chk.add("mismatch", f"{ctx.chunk_uri(chunk)} record {record} (example {g}): {bad.size} of "
+                                    f"{ctx.seq_len} positions differ from the recomputed teacher (first at position "
+                                    f"{pos}: |Δ log-prob| {float(err[pos]):.3g} > bound {bound:.2g}); logits "
+                                    "misaligned with the tokens, or another teacher",
+                        chunk=chunk.name, record=record, example=g, position=pos)
+    chk.details.update(examples_compared=len(todo), bound=bound, max_abs_error=max_err,
+                       id_agreement=id_agree / max(1, id_total), positions_mismatched=positions_bad)
+    chk.ok_message = (f"{len(todo)} sampled examples agree with the recomputed teacher (max |Δ log-prob| "
+                      f"{max_err:.2g} <= {bound:.2g}; ids equal at {100 * id_agree / max(1, id_total):.2f}%, "
+                      "the rest ties)")

@@ -1,0 +1,131 @@
+"""The records check: decode a batch of records and check them with vectorized numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import codec as codec_mod
+from ..errors import StoreError
+from .context import _ChunkResult, _Ctx
+
+# Normalization tolerance: |logaddexp(logsumexp(top-k), tail)| (float32 log-softmax on device).
+NORM_ATOL = 5e-4
+POSITIVE_ATOL = 1e-6  # a log-prob may exceed 0 by float32 rounding only
+
+
+def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkResult) -> None:
+    """Decode a batch of records and check them with vectorized numpy."""
+    n, L, k, V = len(raws), ctx.seq_len, ctx.top_k, ctx.vocab
+    uri = ctx.chunk_uri(chunk)
+    chk = res.records
+    ids = np.zeros((n, L, k), np.int32)
+    lp = np.zeros((n, L, k), np.float32)
+    tail = np.zeros((n, L), np.float32)
+    tokens = np.zeros((n, L), np.int32)
+    seg = np.zeros((n, L), np.int32)
+    index = np.zeros(n, np.int64)
+    tags = np.zeros(n, np.int64)
+    ok = np.ones(n, bool)
+    dtype_ok = True
+    wanted = ctx.wanted.get(chunk.name, {})
+    expected_index = ctx.global_index(chunk, np.arange(first, first + n, dtype=np.int64))
+
+    def where(i: int, position: int | None = None) -> dict:
+        w = {"chunk": chunk.name, "record": int(first + i), "example": int(expected_index[i])}
+        if position is not None:
+            w["position"] = int(position)
+        return w
+
+    def label(i: int) -> str:
+        return f"{uri} record {first + i} (example {int(expected_index[i])})"
+
+    for i, raw in enumerate(raws):
+        try:
+            h = codec_mod.decode_header(raw)
+            bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
+                ("codec", ctx.codec), ("seq_len", L), ("top_k", k), ("id_bits", ctx.id_bits)) if h[key] != want]
+            if bad:
+                chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
+                        **where(i))
+                ok[i] = False
+                continue
+            rec = codec_mod.decode_record(raw)
+        except StoreError as e:
+            chk.add("decode", f"{label(i)}: cannot be decoded: {e}", **where(i))
+            ok[i] = False
+            continue
+        if codec_mod.token_hash(rec["tokens"]).hex() != rec["token_hash"]:
+            chk.add("token_hash", f"{label(i)}: token hash does not match its tokens (corrupt tokens)", **where(i))
+        if rec["topk_ids"].shape != (L, k) or rec["topk_logprobs"].shape != (L, k) or rec["tokens"].shape != (L,):
+            chk.add("shape", f"{label(i)}: shapes topk_ids {rec['topk_ids'].shape}, topk_logprobs "
+                             f"{rec['topk_logprobs'].shape}, tokens {rec['tokens'].shape}; manifest says "
+                             f"{(L, k)}", **where(i))
+            ok[i] = False
+            continue
+        dtype_ok &= (rec["topk_ids"].dtype == np.int32 and rec["tokens"].dtype == np.int32
+                     and rec["topk_logprobs"].dtype == np.float32 and rec["tail_logprob"].dtype == np.float32)
+        ids[i], lp[i], tail[i] = rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"]
+        tokens[i], seg[i] = rec["tokens"], rec["segment_ids"]
+        index[i], tags[i] = int(rec["example_index"]), int(rec["store_tag"])
+        g = wanted.get(first + i)
+        if g is not None:
+            res.kept[g] = (rec, first + i)
+    if not dtype_ok:
+        chk.add("dtype", f"{uri}: records {first}..{first + n - 1} decode to unexpected dtypes", chunk=chunk.name)
+
+    # Record-level fields.
+    for i in np.flatnonzero(ok & (index != expected_index)):
+        chk.add("example_index", f"{label(i)}: holds example {int(index[i])}; its position in the store is "
+                                 f"example {int(expected_index[i])} (misplaced or shifted records)", **where(i))
+    for i in np.flatnonzero(ok & (tags != ctx.tag)):
+        chk.add("store_tag", f"{label(i)}: belongs to another store (tag {int(tags[i]):08x}, this store's is "
+                             f"{ctx.tag:08x}): a chunk of another configuration was copied in", **where(i))
+
+    # Position-level checks: [n, L] masks, few passes over the [n, L, k] arrays.
+    # Ids as uint32: a negative id becomes >= 2**31, so one comparison checks [0, V). After a
+    # sort (needed for distinctness) the range check reads only the last column.
+    s = np.sort(ids.view(np.uint32), axis=-1)
+    per_position = {
+        "token_range": (tokens.view(np.uint32) >= V, f"token id outside [0, {V})"),
+        "id_range": (s[..., -1] >= V, f"top-k id outside [0, {V})"),
+        "id_distinct": ((s[..., 1:] == s[..., :-1]).any(-1), "repeated top-k id"),
+    }
+    del s
+    if ctx.codec == "exact":
+        # The default codec's fixed point decodes to finite values in [-64, 0] by construction.
+        per_position["logprob_finite"] = (~np.isfinite(lp).all(-1), "non-finite top-k log-prob")
+        per_position["logprob_positive"] = (lp[..., 0] > POSITIVE_ATOL, "largest top-k log-prob > 0")
+    per_position["logprob_sorted"] = ((lp[..., 1:] > lp[..., :-1]).any(-1), "top-k log-probs not sorted descending")
+    per_position["tail"] = (np.isnan(tail) | (tail > POSITIVE_ATOL), "tail log-prob NaN or > 0")
+    with np.errstate(all="ignore"):
+        p = np.exp(lp)
+        mass = p.sum(-1)
+        lse = np.log(mass)
+        norm_atol = NORM_ATOL + (codec_mod.LOGPROB_MAX_ERROR if ctx.codec == "default" else 0.0)
+        # NaN fails these comparisons, so a NaN anywhere in a position is caught here too.
+        per_position["topk_mass"] = (~(lse <= norm_atol), f"logsumexp(top-k) > 0 (beyond {norm_atol:.1e})")
+        total = np.logaddexp(lse, tail)
+        per_position["normalization"] = (
+            ~(np.abs(total) <= norm_atol),
+            f"top-k and tail mass do not sum to 1 (|logaddexp(logsumexp(top-k), tail)| > {norm_atol:.1e})",
+        )
+        any_bad = np.zeros((n, L), bool)
+        for mask, _ in per_position.values():
+            any_bad |= mask
+        any_bad &= ok[:, None]
+        if any_bad.any():
+            for kind, (mask, text) in per_position.items():
+                for i in np.flatnonzero(ok & mask.any(-1)):
+                    pos = int(np.argmax(mask[i]))
+                    chk.add(kind, f"{label(i)}: {text} at position {pos}", **where(i, pos))
+
+        # Figures over real tokens (segment_ids != 0) of decodable records whose position passed.
+        # Entropy estimate from the top-k: -sum p log p over the top-k, plus -P_tail log P_tail
+        # (the tail as one outcome): a lower bound of the teacher's entropy.
+        use = (seg != 0) & ~any_bad & ok[:, None]
+        ent = -np.vecdot(p, lp) - np.exp(tail) * np.where(np.isfinite(tail), tail, 0.0)
+        res.sums["positions"] += int(ok.sum()) * L
+        res.sums["tokens"] += int(use.sum())
+        res.sums["entropy"] += float(ent[use].sum(dtype=np.float64))
+        res.sums["topk_mass"] += float(mass[use].sum(dtype=np.float64))
+    res.records_checked += int(ok.sum())
