@@ -42,28 +42,12 @@ def dump_teacher_topk(
 ) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool)]):
     """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
     import collections
-    import json
-    import os
 
-    def init_multihost():
-        # Vertex GPU custom jobs describe the cluster in CLUSTER_SPEC; TPU slices are found by JAX itself.
-        spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
-        cluster = spec.get("cluster") or {}
-        hosts = list(cluster.get("workerpool0", [])) + list(cluster.get("workerpool1", []))
-        import jax
-
-        if len(hosts) > 1:
-            task = spec.get("task") or {}
-            index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
-            coordinator = hosts[0].rsplit(":", 1)[0] + ":8476"
-            jax.distributed.initialize(coordinator, num_processes=len(hosts), process_id=index)
-        elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
-            jax.distributed.initialize()
-
+    from logit_distill.distributed import init_from_environment
     from logit_distill.dump import DumpConfig, plan_manifest, run_dump
     from logit_distill.store import dump_key as dump_key_of
 
-    init_multihost()
+    init_from_environment()
     import jax
 
     config = DumpConfig(

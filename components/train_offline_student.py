@@ -48,25 +48,11 @@ def train_offline_student(
     import json
     import os
 
-    def init_multihost():
-        # Vertex GPU custom jobs describe the cluster in CLUSTER_SPEC; TPU slices are found by JAX itself.
-        spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
-        cluster = spec.get("cluster") or {}
-        hosts = list(cluster.get("workerpool0", [])) + list(cluster.get("workerpool1", []))
-        import jax
-
-        if len(hosts) > 1:
-            task = spec.get("task") or {}
-            index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
-            coordinator = hosts[0].rsplit(":", 1)[0] + ":8476"
-            jax.distributed.initialize(coordinator, num_processes=len(hosts), process_id=index)
-        elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
-            jax.distributed.initialize()
-
-    init_multihost()
     from logit_distill import paths
+    from logit_distill.distributed import init_from_environment
     from logit_distill.train import train_student
 
+    init_from_environment()
     output = output_dir or model.uri
     result = train_student(
         store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,

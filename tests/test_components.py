@@ -186,3 +186,17 @@ def test_each_component_runs_as_a_kfp_local_task(work, tmp_path):
         out = json.load(f)
     (metrics,) = out["artifacts"]["metrics"]["artifacts"]
     assert np.isfinite(metrics["metadata"]["eval_cross_entropy"])
+
+
+def test_vertex_cluster_spec_names_the_coordinator_and_process():
+    import json
+
+    from logit_distill.distributed import vertex_cluster
+
+    spec = {"cluster": {"workerpool0": ["chief:2222"], "workerpool1": ["w0:2222", "w1:2222"]},
+            "task": {"type": "workerpool1", "index": 1}}
+    assert vertex_cluster(json.dumps(spec)) == ("chief:8476", 3, 2)
+    spec["task"] = {"type": "workerpool0", "index": 0}
+    assert vertex_cluster(json.dumps(spec)) == ("chief:8476", 3, 0)
+    assert vertex_cluster(json.dumps({"cluster": {"workerpool0": ["chief:2222"]}})) is None
+    assert vertex_cluster(None) is None

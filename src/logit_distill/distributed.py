@@ -1,0 +1,37 @@
+"""Joining a multi-host JAX job from the environment the platform sets."""
+
+from __future__ import annotations
+
+import json
+import os
+
+# Port of the JAX coordinator on the first host of a Vertex custom job.
+COORDINATOR_PORT = 8476
+
+
+def vertex_cluster(cluster_spec: str | None) -> tuple[str, int, int] | None:
+    """(coordinator address, number of processes, this process's index) from a Vertex
+    ``CLUSTER_SPEC`` (worker pool 0 is the chief, pool 1 the other replicas), or None
+    for a single host."""
+    spec = json.loads(cluster_spec or "{}")
+    cluster = spec.get("cluster") or {}
+    hosts = list(cluster.get("workerpool0", [])) + list(cluster.get("workerpool1", []))
+    if len(hosts) < 2:
+        return None
+    task = spec.get("task") or {}
+    index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
+    return f"{hosts[0].rsplit(':', 1)[0]}:{COORDINATOR_PORT}", len(hosts), index
+
+
+def init_from_environment() -> None:
+    """Call ``jax.distributed.initialize`` when this process is one of several hosts:
+    a Vertex GPU custom job (``CLUSTER_SPEC``) or a TPU slice (found by JAX itself).
+    A single host does nothing."""
+    import jax
+
+    cluster = vertex_cluster(os.environ.get("CLUSTER_SPEC"))
+    if cluster is not None:
+        coordinator, num_processes, process_id = cluster
+        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+    elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+        jax.distributed.initialize()
