@@ -92,8 +92,19 @@ def dump_teacher_topk(
     return outputs(int(result.resumed_from_step), bool(result.complete))
 
 
+# Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
+INPUTS = {
+    "store_uri": "Where the store is written (from plan_dump): <output_root>/teacher_topk/<dump_key>.",
+    "dump_key": "The store's key from plan_dump; the dump refuses a key that is not its settings' fingerprint.",
+    "store": "The store (its URI is store_uri).",
+    "metrics": "What this attempt did: examples, tokens, chunks written now, resumed-from step, tokens/s.",
+}
+
+
 def build(image: str = DEFAULT_IMAGE):
-    return dsl.component(dump_teacher_topk, base_image=image, install_kfp_package=False)
+    from pipelines.params import describe
+
+    return dsl.component(describe(dump_teacher_topk, INPUTS), base_image=image, install_kfp_package=False)
 
 
 component = build()

@@ -53,8 +53,16 @@ def plan_dump(
     return outputs(key, store_uri)
 
 
+# Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
+INPUTS = {
+    "num_processes": "Hosts (JAX processes) of the dump: part of the store's layout, hence of its key.",
+}
+
+
 def build(image: str = DEFAULT_IMAGE):
-    return dsl.component(plan_dump, base_image=image, install_kfp_package=False)
+    from pipelines.params import describe
+
+    return dsl.component(describe(plan_dump, INPUTS), base_image=image, install_kfp_package=False)
 
 
 component = build()

@@ -27,7 +27,7 @@ def train_offline_student(
     learning_rate: float = 3e-4,
     warmup_steps: int = -1,
     seed: int = 0,
-    loss: str = "topk_kl",
+    loss: str = "topk_tail_kl",
     alpha: float = 0.5,
     alpha_end: float = -1.0,
     alpha_schedule: str = "constant",
@@ -144,8 +144,24 @@ def train_offline_student(
         f.write(page)
 
 
+# Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
+INPUTS = {
+    "store": "The verified store.",
+    "model": "The training folder: Orbax checkpoints, metrics.jsonl, eval.json, the HF export in hf/.",
+    "metrics": "Final losses and the held-out cross-entropy / perplexity.",
+    "report": "Loss curves and schedules (HTML).",
+    "max_eval_examples": "Evaluate on at most this many held-out examples (0: all).",
+    "log_every": "Optimizer steps between metric rows.",
+    "output_dir": "Train here instead of under the model artifact's URI (a re-run resumes from it).",
+    "title": "Title of the report.",
+    "resources": "The resources the pipeline requested for the task (recorded in the model's metadata).",
+}
+
+
 def build(image: str = DEFAULT_IMAGE):
-    return dsl.component(train_offline_student, base_image=image, install_kfp_package=False)
+    from pipelines.params import describe
+
+    return dsl.component(describe(train_offline_student, INPUTS), base_image=image, install_kfp_package=False)
 
 
 component = build()

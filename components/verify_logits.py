@@ -58,8 +58,20 @@ def verify_logits(
     return bool(result.passed)
 
 
+# Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
+INPUTS = {
+    "store": "The store to verify.",
+    "metrics": "Every figure of the verification, passed (0/1) and one check_<name> per check.",
+    "report": "The verification report (Markdown).",
+    "seed": "Seed of the sampled records.",
+    "workers": "Threads reading chunks.",
+}
+
+
 def build(image: str = DEFAULT_IMAGE):
-    return dsl.component(verify_logits, base_image=image, install_kfp_package=False)
+    from pipelines.params import describe
+
+    return dsl.component(describe(verify_logits, INPUTS), base_image=image, install_kfp_package=False)
 
 
 component = build()

@@ -26,10 +26,53 @@ def _spec(name: str) -> dict:
 
 def test_compiled_is_current(tmp_path):
     written = compile_mod.compile_all(str(tmp_path))
+    assert {f"components/{n}" for n in ("plan_dump", "dump_teacher_topk", "verify_logits",
+                                         "train_offline_student")} <= set(written)
     for variant, path in written.items():
-        name = os.path.basename(path)
+        name = os.path.relpath(path, tmp_path)
         with open(path, "rb") as a, open(os.path.join(COMPILED, name), "rb") as b:
             assert a.read() == b.read(), f"compiled/{name} is stale: run `make compile`"
+    with open(compile_mod.DOC, encoding="utf-8") as f:
+        text = f.read()
+    assert compile_mod.doc_with_table(text) == text, "docs/PIPELINE.md's parameter table is stale: `make compile`"
+
+
+def test_parameters_have_one_home():
+    """Both variants, their descriptions and the components' defaults come from pipelines/params.py."""
+    import inspect
+
+    from pipelines import params
+    from pipelines.pipeline import distill_pipeline, distill_pipeline_vertex
+
+    for variant, pipe in (("local", distill_pipeline), ("vertex", distill_pipeline_vertex)):
+        inputs = pipe.component_spec.inputs
+        assert set(inputs) == {p.name for p in params.of(variant)}
+        for p in params.of(variant):
+            spec = inputs[p.name]
+            assert spec.description and spec.description.startswith(p.help), p.name
+            d = p.default_in(variant)
+            assert (spec.optional, spec.default) == ((False, None) if d is params.REQUIRED else (True, d)), p.name
+    # the shared settings have one default in both variants (only the production-minded ones differ)
+    differ = {p.name for p in params.PARAMS if p.vertex_default is not None}
+    assert differ == {"seq_len", "dtype", "sharding", "dump_accelerator_type", "dump_accelerator_count",
+                      "train_accelerator_type", "train_accelerator_count"}
+    # a component's own default of an input a parameter feeds is the parameter's (plain) default
+    import components
+
+    for module in (components.plan_dump, components.dump_teacher_topk, components.verify_logits,
+                   components.train_offline_student):
+        fn = getattr(module, module.__name__.rsplit(".", 1)[-1])
+        fed = params.inputs_of(fn.__name__)
+        assert fed, fn.__name__
+        for arg, sig in inspect.signature(fn).parameters.items():
+            if arg in fed and sig.default is not inspect.Parameter.empty and fed[arg].default is not params.REQUIRED:
+                assert sig.default == fed[arg].default, (fn.__name__, arg)
+        compiled = module.component.component_spec.inputs
+        assert all(spec.description for spec in compiled.values()), fn.__name__
+    # every root parameter of the compiled YAML has a description
+    for name in compile_mod.OUTPUTS.values():
+        defs = _spec(name)["root"]["inputDefinitions"]["parameters"]
+        assert all(d.get("description") for d in defs.values()), name
 
 
 @pytest.mark.parametrize("name", sorted(compile_mod.OUTPUTS.values()))

@@ -1,0 +1,325 @@
+"""The pipeline's parameters, in one place.
+
+Every parameter of both pipeline variants is one ``Param`` row below: its type,
+its default, the components and inputs it feeds, its allowed values and its
+description. Everything else derives from this table:
+
+- both pipeline signatures and their docstrings (``pipeline_function``): kfp
+  reads the Google-style ``Args:`` into the compiled YAML's parameter
+  descriptions, which the Vertex UI shows;
+- the DAG's wiring (``args_for(component, p)``: the component inputs a
+  parameter feeds, renamed where the component calls it otherwise);
+- the components' input descriptions (``describe``) and a test that the
+  components' own defaults agree with the table;
+- ``pipelines.submit`` and ``pipelines.run_local``: typing ``name=value``
+  strings, refusing values out of range or not among the choices (``check``);
+- the parameter table in docs/PIPELINE.md (``markdown_table``, rewritten by
+  ``make compile``).
+
+To add a parameter: add a row (and the input to the component functions it
+feeds), then ``make compile``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from typing import Any, Callable
+
+# Component names (the keys of ``components.build_all``).
+PLAN, DUMP, VERIFY, TRAIN = "plan_dump", "dump_teacher_topk", "verify_logits", "train_offline_student"
+
+REQUIRED = inspect.Parameter.empty
+BOTH = ("local", "vertex")
+LOCAL = ("local",)
+VERTEX = ("vertex",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any  # REQUIRED: no default
+    help: str
+    to: dict[str, str] = dataclasses.field(default_factory=dict)  # component -> its input name
+    variants: tuple[str, ...] = BOTH
+    vertex_default: Any = None  # another default in the Vertex variant (None: the same)
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+    group: str = ""
+
+    def default_in(self, variant: str) -> Any:
+        if variant == "vertex" and self.vertex_default is not None:
+            return self.vertex_default
+        return self.default
+
+    def problem(self, value: Any, variant: str = "vertex") -> str | None:
+        """Why ``value`` is not acceptable for this parameter, or None."""
+        if self.choices is not None and value not in self.choices:
+            return f"{self.name}={value!r} is not one of {', '.join(map(str, self.choices))}"
+        if self.min is not None and value < self.min:
+            return f"{self.name}={value!r} is below its minimum {self.min:g}"
+        if self.max is not None and value > self.max:
+            return f"{self.name}={value!r} is above its maximum {self.max:g}"
+        return None
+
+
+def _to(*components: str, **renamed: str) -> dict[str, str]:
+    """Components fed under the parameter's own name, plus ``component=input_name`` renames."""
+    out = {c: "" for c in components}
+    out.update(renamed)
+    return out
+
+
+ACCELERATORS_HELP = ("Vertex accelerator enum name (NVIDIA_H100_80GB, NVIDIA_L4, TPU_V5_LITEPOD, ...; "
+                     "ACCELERATOR_TYPE_UNSPECIFIED with count 0 for a CPU machine)")
+
+# fmt: off
+PARAMS: tuple[Param, ...] = (
+    # ---- inputs
+    Param("teacher", str, REQUIRED, "Teacher model: an HF checkpoint folder or gs:// prefix (config.json, "
+          "*.safetensors, tokenizer.json) or preset:NAME.", _to(PLAN, DUMP, VERIFY), group="inputs"),
+    Param("data", str, REQUIRED, "Training data: JSONL text or pre-tokenized ArrayRecord (file, glob or folder; "
+          "local or gs://).", _to(PLAN, DUMP, VERIFY), group="inputs"),
+    Param("student", str, REQUIRED, "Student: an HF checkpoint folder or gs:// prefix, or preset:NAME.",
+          _to(TRAIN), group="inputs"),
+    Param("output_root", str, REQUIRED, "Where the stores and students live (gs:// on Vertex): the store is "
+          "<output_root>/teacher_topk/<dump_key>/.", _to(PLAN), group="inputs"),
+    Param("num_steps", int, REQUIRED, "Dump steps (batches of batch_size examples) the store covers.",
+          _to(PLAN, DUMP, **{VERIFY: "expected_steps"}), min=1, group="inputs"),
+    # ---- the dump (every setting here but sharding changes the store's content, hence its key)
+    Param("top_k", int, 64, "Teacher entries kept per token position.", _to(PLAN, DUMP), min=1, group="dump"),
+    Param("seq_len", int, 512, "Tokens per example.", _to(PLAN, DUMP), vertex_default=2048, min=2, group="dump"),
+    Param("batch_size", int, 8, "Examples per dump step, across all hosts.", _to(PLAN, DUMP), min=1, group="dump"),
+    Param("steps_per_file", int, 50, "Dump steps per store chunk (the unit of resume).", _to(PLAN, DUMP), min=1,
+          group="dump"),
+    Param("codec", str, "default", "Store codec: default (float16 log-probs) or exact (float32).",
+          _to(PLAN, DUMP), choices=("default", "exact"), group="dump"),
+    Param("data_seed", int, 0, "Seed of the example order.", _to(PLAN, DUMP), min=0, group="dump"),
+    Param("packing", bool, True, "Pack documents into examples (with segment ids).", _to(PLAN, DUMP),
+          group="dump"),
+    Param("dtype", str, "float32", "Teacher compute dtype.", _to(PLAN, DUMP), vertex_default="bfloat16",
+          choices=("float32", "bfloat16"), group="dump"),
+    Param("text_field", str, "text", "JSONL field holding the text.", _to(PLAN, DUMP), group="dump"),
+    Param("tokenizer", str, "", "tokenizer.json to use instead of the teacher's (empty: the teacher's).",
+          _to(PLAN, DUMP, VERIFY), group="dump"),
+    Param("sharding", str, "replicate", "Teacher parameters over the devices: replicate or fsdp (sharded).",
+          _to(DUMP), vertex_default="fsdp", choices=("replicate", "fsdp"), group="dump"),
+    # ---- verification
+    Param("verify_sample", int, 256, "Records whose values verify reads in full.", {VERIFY: "sample"}, min=0,
+          group="verify"),
+    Param("spot_check", int, 0, "Store steps recomputed with the teacher and compared (0: none).",
+          {VERIFY: "spot_check"}, min=0, group="verify"),
+    # ---- training
+    Param("train_steps", int, 1000, "Student optimizer steps.", {TRAIN: "num_steps"}, min=1, group="train"),
+    Param("train_batch_size", int, 8, "Student examples per optimizer step.", {TRAIN: "batch_size"}, min=1,
+          group="train"),
+    Param("learning_rate", float, 3e-4, "Peak AdamW learning rate.", _to(TRAIN), min=0.0, group="train"),
+    Param("warmup_steps", int, -1, "Learning-rate warm-up steps (-1: the default, 5% of the steps).", _to(TRAIN),
+          min=-1, group="train"),
+    Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed"}, min=0, group="train"),
+    Param("loss", str, "topk_tail_kl", "KD loss (docs/LOSSES.md).", _to(TRAIN),
+          choices=("topk_kl", "topk_tail_kl"), group="train"),
+    Param("alpha", float, 0.5, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
+          _to(TRAIN), min=0.0, max=1.0, group="train"),
+    Param("alpha_end", float, -1.0, "alpha at the last step with a linear or cosine alpha_schedule "
+          "(-1: alpha).", _to(TRAIN), min=-1.0, max=1.0, group="train"),
+    Param("alpha_schedule", str, "constant", "How alpha moves to alpha_end.", _to(TRAIN),
+          choices=("constant", "linear", "cosine"), group="train"),
+    Param("temperature", float, 1.0, "KD temperature T (the KD loss is scaled by T^2).", _to(TRAIN), min=1e-6,
+          group="train"),
+    Param("checkpoint_every", int, 500, "Optimizer steps between checkpoints.", _to(TRAIN), min=1,
+          group="train"),
+    Param("grad_accum", int, 1, "Micro-batches accumulated per optimizer step.", _to(TRAIN), min=1,
+          group="train"),
+    Param("eval_data", str, "", "Held-out data for the student's cross-entropy (empty: no evaluation).",
+          _to(TRAIN), group="train"),
+    Param("ce_baseline", bool, False, "Also train a CE-only student (alpha = 0) on the same steps, to compare.",
+          group="train"),
+    # ---- resources of the plain (kfp.local / Kubeflow) variant
+    Param("dump_cpu", str, "4", "CPU request of the dump task.", variants=LOCAL, group="resources"),
+    Param("dump_memory", str, "16G", "Memory request of the dump task.", variants=LOCAL, group="resources"),
+    Param("dump_accelerator_type", str, "", "Accelerator of the dump (Kubeflow: e.g. nvidia.com/gpu; Vertex: "
+          + ACCELERATORS_HELP + ").", vertex_default="NVIDIA_H100_80GB", group="resources"),
+    Param("dump_accelerator_count", int, 0, "Accelerators per dump host.", vertex_default=8, min=0,
+          group="resources"),
+    Param("train_cpu", str, "4", "CPU request of the training task.", variants=LOCAL, group="resources"),
+    Param("train_memory", str, "16G", "Memory request of the training task.", variants=LOCAL, group="resources"),
+    Param("train_accelerator_type", str, "", "Accelerator of the training (as dump_accelerator_type).",
+          vertex_default="NVIDIA_H100_80GB", group="resources"),
+    Param("train_accelerator_count", int, 0, "Accelerators per training host.", vertex_default=8, min=0,
+          group="resources"),
+    # ---- Vertex AI custom jobs
+    Param("dump_machine_type", str, "a3-highgpu-8g", "Machine type of each dump host.", variants=VERTEX,
+          group="vertex"),
+    Param("dump_strategy", str, "SPOT", "Scheduling of the dump job: SPOT (preemptible), STANDARD or "
+          "FLEX_START.", variants=VERTEX, choices=("SPOT", "STANDARD", "FLEX_START"), group="vertex"),
+    Param("train_machine_type", str, "a3-highgpu-8g", "Machine type of each training host.", variants=VERTEX,
+          group="vertex"),
+    Param("train_strategy", str, "STANDARD", "Scheduling of the training job: SPOT, STANDARD or FLEX_START.",
+          variants=VERTEX, choices=("SPOT", "STANDARD", "FLEX_START"), group="vertex"),
+    Param("verify_cpu", str, "8", "CPU request of the verify task.", variants=VERTEX, group="vertex"),
+    Param("verify_memory", str, "32G", "Memory request of the verify task.", variants=VERTEX, group="vertex"),
+)
+# fmt: on
+
+BY_NAME = {p.name: p for p in PARAMS}
+assert len(BY_NAME) == len(PARAMS), "a parameter is listed twice"
+
+
+def of(variant: str) -> list[Param]:
+    """The parameters of a variant, in the table's order."""
+    return [p for p in PARAMS if variant in p.variants]
+
+
+def defaults(variant: str) -> dict:
+    """name -> default of every parameter with one."""
+    return {p.name: p.default_in(variant) for p in of(variant) if p.default_in(variant) is not REQUIRED}
+
+
+def required(variant: str) -> list[str]:
+    return [p.name for p in of(variant) if p.default_in(variant) is REQUIRED]
+
+
+def args_for(component: str, p: dict) -> dict:
+    """The inputs of ``component`` fed by pipeline parameters: ``{input_name: p[param]}``."""
+    out = {}
+    for param in PARAMS:
+        if component in param.to and param.name in p:
+            out[param.to[component] or param.name] = p[param.name]
+    return out
+
+
+def inputs_of(component: str) -> dict[str, Param]:
+    """``{input_name: Param}`` of the inputs of ``component`` that pipeline parameters feed."""
+    return {(param.to[component] or param.name): param for param in PARAMS if component in param.to}
+
+
+# ---------------------------------------------------------------- the pipeline functions
+
+
+def docstring(summary: str, variant: str) -> str:
+    """A Google-style docstring whose ``Args:`` describe every parameter (kfp compiles them into the YAML)."""
+    lines = [summary, "", "Args:"]
+    for p in of(variant):
+        lines.append(f"    {p.name}: {_described(p, variant)}")
+    return "\n".join(lines) + "\n"
+
+
+def _described(p: Param, variant: str) -> str:
+    text = p.help
+    if p.choices is not None:
+        text += " One of: " + ", ".join(map(str, p.choices)) + "."
+    if p.default_in(variant) is REQUIRED:
+        text += " Required."
+    return text
+
+
+def pipeline_function(variant: str, name: str, summary: str, body: Callable[[dict], None]) -> Callable:
+    """A function with the variant's parameters as its signature (required ones first) and docstring,
+    calling ``body({name: value})``; ``dsl.pipeline`` turns it into the pipeline."""
+    ps = of(variant)
+    ordered = [p for p in ps if p.default_in(variant) is REQUIRED] + \
+              [p for p in ps if p.default_in(variant) is not REQUIRED]
+    names = [p.name for p in ordered]
+
+    def pipeline(*args):
+        return body(dict(zip(names, args)))
+
+    pipeline.__signature__ = inspect.Signature([
+        inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default_in(variant),
+                          annotation=p.type) for p in ordered])
+    pipeline.__doc__ = docstring(summary, variant)
+    pipeline.__name__ = pipeline.__qualname__ = name.replace("-", "_")
+    return pipeline
+
+
+def describe(func: Callable, extra: dict[str, str] | None = None) -> Callable:
+    """Give a component function a Google-style ``Args:`` docstring: the descriptions of the inputs that
+    pipeline parameters feed, from the table, plus ``extra`` (the component's own inputs). The function
+    is returned (its source, which the component runs, is untouched)."""
+    component = func.__name__
+    base = (getattr(func, "__ld_summary__", None) or inspect.getdoc(func) or "").split("\nArgs:")[0].rstrip()
+    func.__ld_summary__ = base
+    fed = inputs_of(component)
+    lines = [base, "", "Args:"]
+    for arg in inspect.signature(func).parameters:
+        if arg in fed:
+            lines.append(f"    {arg}: {_described(fed[arg], 'local').replace(' Required.', '')}")
+        elif extra and arg in extra:
+            lines.append(f"    {arg}: {extra[arg]}")
+    func.__doc__ = "\n".join(lines) + "\n"
+    return func
+
+
+# ---------------------------------------------------------------- name=value strings (submit, run_local)
+
+
+def parse_value(param: Param, text: str) -> Any:
+    """The typed value of ``text`` for ``param``; ValueError with a one-line reason."""
+    try:
+        if param.type is bool:
+            low = text.strip().lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return low in ("true", "1", "yes")
+        if param.type is int:
+            return int(text)
+        if param.type is float:
+            return float(text)
+        if param.type in (dict, list):
+            value = json.loads(text)
+            if not isinstance(value, param.type):
+                raise ValueError
+            return value
+    except ValueError:
+        raise ValueError(f"{param.name}={text!r} is not a valid {param.type.__name__}") from None
+    return text
+
+
+def parse_pairs(pairs: list[str], variant: str) -> dict:
+    """``["name=value", ...]`` -> ``{name: typed value}``, checked against the variant's parameters."""
+    known = {p.name: p for p in of(variant)}
+    values = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"expected name=value, got {pair!r}")
+        if name not in known:
+            raise ValueError(f"unknown parameter {name!r}; the pipeline has: {', '.join(sorted(known))}")
+        values[name] = parse_value(known[name], text)
+    return values
+
+
+def check(values: dict, variant: str) -> list[str]:
+    """Problems of a full set of values (missing required ones, choices, ranges), one line each."""
+    known = {p.name: p for p in of(variant)}
+    problems = [f"missing required parameter {n} (give {n}=...)" for n in required(variant) if n not in values]
+    for name, value in values.items():
+        if name in known:
+            why = known[name].problem(value, variant)
+            if why:
+                problems.append(why)
+    return problems
+
+
+# ---------------------------------------------------------------- docs
+
+
+def markdown_table() -> str:
+    """The parameter table of docs/PIPELINE.md."""
+    rows = ["| parameter | type | default (plain) | default (Vertex) | description |",
+            "| --- | --- | --- | --- | --- |"]
+
+    def shown(p: Param, variant: str) -> str:
+        if variant not in p.variants:
+            return "-"
+        d = p.default_in(variant)
+        return "**required**" if d is REQUIRED else f"`{json.dumps(d)}`"
+
+    for p in PARAMS:
+        rows.append(f"| `{p.name}` | {p.type.__name__} | {shown(p, 'local')} | {shown(p, 'vertex')} | "
+                    f"{_described(p, 'vertex').replace(' Required.', '').replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
