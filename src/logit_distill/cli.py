@@ -6,9 +6,7 @@ import argparse
 import logging
 import os
 import sys
-
-from .errors import LogitDistillError
-from .signals import Interrupted
+import traceback
 
 
 def _register_preset(subparsers) -> None:
@@ -23,11 +21,13 @@ def _register_preset(subparsers) -> None:
 
 
 def _preset_main(args) -> int:
+    from .errors import InputError
     from .models import PRESETS, materialize_preset
+    from .outputs import check_output
 
     if args.name not in PRESETS:
-        print(f"unknown preset {args.name!r}; known: {', '.join(sorted(PRESETS))}", file=sys.stderr)
-        return 2
+        raise InputError(f"unknown preset {args.name!r}; known: {', '.join(sorted(PRESETS))}")
+    check_output(args.output, "--output", kind="dir")
     print(materialize_preset(args.name, args.output, seed=args.seed))
     return 0
 
@@ -43,30 +43,64 @@ def build_parser() -> argparse.ArgumentParser:
                     "verify the store, train students from it.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (INFO level)")
+    parser.add_argument("--debug", action="store_true",
+                        help="on failure, print the full traceback before the one-line error (docs/ERRORS.md)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dump.register_cli(sub)
     register_verify(sub)
     register_train(sub)
     _register_preset(sub)
+    for p in sub.choices.values():  # also accepted after the command
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on failure, print the full traceback before the one-line error")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    command = None
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command, debug = args.command, bool(getattr(args, "debug", False))
+        logging.basicConfig(
+            level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+        return run(args, command=command, debug=debug)
+    except KeyboardInterrupt as e:  # Ctrl-C while parsing or importing
+        return report_failure(command, e, debug)
+
+
+def run(args, *, command: str, debug: bool = False) -> int:
+    """Run a parsed command: its exit status, or one line on stderr and a documented exit code."""
+    if not debug:
+        quiet_libraries()
     try:
         return args.func(args)
-    except Interrupted as e:
-        print(f"logit-distill {args.command}: interrupted: {e}", file=sys.stderr)
-        return 130
-    except LogitDistillError as e:
-        print(f"logit-distill {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except BaseException as e:  # noqa: BLE001 - every failure ends as one line (see docs/ERRORS.md)
+        if isinstance(e, SystemExit):
+            raise
+        return report_failure(command, e, debug)
+
+
+def report_failure(command: str | None, e: BaseException, debug: bool) -> int:
+    """Print ``logit-distill <command>: error: ...`` (one line) for ``e``; return its exit code."""
+    from .failures import describe
+
+    code, line = describe(e)
+    if debug:
+        traceback.print_exception(e)
+    prefix = f"logit-distill {command}" if command else "logit-distill"
+    print(f"{prefix}: {line}", file=sys.stderr, flush=True)
+    return code
+
+
+def quiet_libraries() -> None:
+    """Keep library loggers (gcsfs's retries print whole tracebacks) off stderr; --debug shows them."""
+    for name in ("gcsfs", "fsspec", "google", "urllib3", "aiohttp", "absl", "orbax", "jax._src.xla_bridge"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 if __name__ == "__main__":

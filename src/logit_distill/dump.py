@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from . import paths
+from . import outputs, paths
 from . import store as store_mod
 from .errors import InputError, StoreError
 from .signals import Interrupted, StopOnSignal
@@ -115,6 +115,22 @@ def _check_settings(config: DumpConfig) -> None:
         raise InputError(f"--codec must be exact or default, got {config.codec!r}")
     if config.dtype not in ("float32", "bfloat16"):
         raise InputError(f"--dtype must be float32 or bfloat16, got {config.dtype!r}")
+    _check_array_record_options(config.array_record_options)
+
+
+def _check_array_record_options(options: str) -> None:
+    """Open a writer with ``options`` on a scratch file: a typo fails here, before anything is created."""
+    import os
+    import tempfile
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    with tempfile.TemporaryDirectory(prefix="logit-distill-options-") as scratch:
+        try:
+            ArrayRecordWriter(os.path.join(scratch, "probe.array_record"), options).close()
+        except (ValueError, RuntimeError) as e:
+            raise InputError(f"--array-record-options {options!r}: {e}; "
+                             "e.g. 'group_size:1,uncompressed' or 'group_size:1,zstd:3'") from None
 
 
 def plan_manifest(config: DumpConfig, num_processes: int = 1) -> dict:
@@ -305,7 +321,12 @@ def steps_to_run(manifest: dict, scan) -> list[int]:
 def run_dump(config: DumpConfig) -> DumpResult:
     """Dump the teacher's top-k for ``config`` into ``config.output``; resume if it exists."""
     t_start = time.perf_counter()
+    outputs.require_nonblank(config.output, "--output")
+    _check_settings(config)
     _check_output_reachable(config.output)
+    outputs.check_output(config.output, "--output", kind="dir", own_store=True,
+                         inputs={"--teacher": config.teacher, "--data": config.data,
+                                 "--tokenizer": config.tokenizer})
     teacher, source, manifest = prepare(config)
     process, num_processes = _process_info()
     uri = config.output

@@ -24,12 +24,21 @@ if os.environ.get("STORAGE_EMULATOR_HOST"):
 
 import fsspec  # noqa: E402  (after the environment above)
 
+from .errors import InputError  # noqa: E402
+
 # Prefix of temporary names; the store scan reports any file carrying it as a leftover.
 TMP_PREFIX = ".tmp-"
 
 
+def _require_base(uri) -> None:
+    """An empty base would silently mean the working folder (or ``/`` once joined): refuse it."""
+    if not isinstance(uri, str) or not uri.strip() or uri.strip() in ("file://", "gs://"):
+        raise InputError(f"empty path {uri!r}; give a local path or a gs://bucket/prefix URI")
+
+
 def url_to_fs(uri: str):
-    """(filesystem, path) for a local path, ``file://`` or ``gs://`` URI."""
+    """(filesystem, path) for a local path, ``file://`` or ``gs://`` URI; refuses an empty one."""
+    _require_base(uri)
     kwargs = {}
     if uri.startswith("gs://") and os.environ.get("STORAGE_EMULATOR_HOST"):
         kwargs["token"] = "anon"
@@ -47,6 +56,8 @@ def _protocols(fs) -> tuple:
 
 
 def join(uri: str, *parts: str) -> str:
+    """``uri/part/...``; an empty ``uri`` is refused (it would give the root path ``/part``)."""
+    _require_base(uri)
     out = uri.rstrip("/")
     for part in parts:
         out = out + "/" + part.strip("/")

@@ -23,7 +23,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from .. import codec as codec_mod
 from .. import paths
-from ..errors import StoreError
+from ..errors import NotAStoreError, StoreError
 from . import chunks as chunks_mod
 from . import manifest as manifest_mod
 
@@ -32,7 +32,7 @@ def init_store(store_uri: str, manifest: dict) -> dict:
     """Create the store with ``manifest`` or check that the existing one matches.
 
     Raises ConfigMismatchError (listing each differing field) when the store
-    holds another configuration, and StoreError when the location holds files
+    holds another configuration, and NotAStoreError when the location holds files
     but no manifest. Touches nothing in either case.
     """
     manifest_uri = paths.join(store_uri, manifest_mod.MANIFEST_NAME)
@@ -45,7 +45,7 @@ def init_store(store_uri: str, manifest: dict) -> dict:
         if not f["name"].startswith(paths.TMP_PREFIX)
     ]
     if others:
-        raise StoreError(
+        raise NotAStoreError(
             f"{store_uri} is not empty and holds no {manifest_mod.MANIFEST_NAME} "
             f"(found {', '.join(sorted(others)[:5])}{' ...' if len(others) > 5 else ''}); "
             "choose an empty output location"

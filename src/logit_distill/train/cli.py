@@ -10,9 +10,6 @@ import argparse
 import json
 import sys
 
-from ..errors import LogitDistillError
-from ..signals import Interrupted
-
 DESCRIPTION = """\
 Train a student from a logit store (offline), or from a teacher run in the loop
 (online: --teacher, --data, --top-k, --seq-len). Re-running the same command with
@@ -77,25 +74,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .loop import train_student
 
-    try:
-        result = train_student(
-            store=args.store, teacher=args.teacher, data=args.data, top_k=args.top_k, seq_len=args.seq_len,
-            student=args.student, output=args.output, num_steps=args.num_steps, batch_size=args.batch_size,
-            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed, loss=args.loss,
-            alpha=args.alpha, alpha_end=args.alpha_end, alpha_schedule=args.alpha_schedule,
-            temperature=args.temperature, checkpoint_every=args.checkpoint_every, eval_data=args.eval_data,
-            grad_accum=args.grad_accum, log_every=args.log_every, progress=args.progress,
-            weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
-            end_lr_fraction=args.end_lr_fraction, param_sharding=args.param_sharding, packing=args.packing,
-            data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
-            max_eval_examples=args.max_eval_examples,
-        )
-    except Interrupted as e:
-        print(f"logit-distill train: interrupted: {e}", file=sys.stderr)
-        return 130
-    except LogitDistillError as e:
-        print(f"logit-distill train: error: {e}", file=sys.stderr)
-        return 2
+    result = train_student(
+        store=args.store, teacher=args.teacher, data=args.data, top_k=args.top_k, seq_len=args.seq_len,
+        student=args.student, output=args.output, num_steps=args.num_steps, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed, loss=args.loss,
+        alpha=args.alpha, alpha_end=args.alpha_end, alpha_schedule=args.alpha_schedule,
+        temperature=args.temperature, checkpoint_every=args.checkpoint_every, eval_data=args.eval_data,
+        grad_accum=args.grad_accum, log_every=args.log_every, progress=args.progress,
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        end_lr_fraction=args.end_lr_fraction, param_sharding=args.param_sharding, packing=args.packing,
+        data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
+        max_eval_examples=args.max_eval_examples,
+    )
     summary = {"output": result.output, "final_step": result.final_step, "hf_dir": result.hf_dir,
                "resumed_from_step": result.resumed_from_step, "metrics": result.metrics, "eval": result.eval}
     print(json.dumps(summary, indent=2, sort_keys=True))
@@ -116,7 +106,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     register_cli(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    from ..cli import run as run_command
+
+    return run_command(args, command="train", debug=False)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import paths
 from ..errors import InputError
+from ..outputs import check_output
 from ..signals import Interrupted, StopOnSignal
 from . import checkpointing, loader
 from .evaluate import evaluate, open_eval_data
@@ -245,6 +246,9 @@ def train_student(
     from the latest checkpoint in ``output``.
     """
     # --- settings
+    check_output(output, "--output", kind="dir",
+                 inputs={"--store": store, "--teacher": teacher, "--data": data, "--student": student,
+                         "--eval-data": eval_data})
     online = store is None
     if online:
         missing = [n for n, v in (("teacher", teacher), ("data", data), ("top_k", top_k), ("seq_len", seq_len))

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 
-from ..errors import InputError
 from .run import DEFAULT_SAMPLE, verify_store
 
 
@@ -53,17 +52,15 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def cli_main(args) -> int:
-    """Run ``verify`` from parsed arguments: print the summary, return 0 (passed), 1 (failed) or 2 (bad input)."""
-    try:
-        report = verify_store(
-            args.store, expected_steps=args.expected_steps, data=args.data, tokenizer=args.tokenizer,
-            teacher=args.teacher, spot_check=args.spot_check, sample=args.sample, seed=args.seed,
-            workers=args.workers, spot_check_atol=args.spot_check_atol, report_json=args.report_json,
-            report_md=args.report_md, progress=not args.no_progress,
-        )
-    except InputError as e:
-        print(f"logit-distill verify: error: {e}", file=sys.stderr)
-        return 2
+    """Run ``verify`` from parsed arguments: print the summary, return 0 (passed) or 1 (failed).
+
+    Bad input raises; ``logit_distill.cli.run`` turns it into one line and exit code 2."""
+    report = verify_store(
+        args.store, expected_steps=args.expected_steps, data=args.data, tokenizer=args.tokenizer,
+        teacher=args.teacher, spot_check=args.spot_check, sample=args.sample, seed=args.seed,
+        workers=args.workers, spot_check_atol=args.spot_check_atol, report_json=args.report_json,
+        report_md=args.report_md, progress=not args.no_progress,
+    )
     for c in report.checks:
         print(f"{c['name']:>20}: {c['status']:<7} {c['message']}")
     if report.passed:
@@ -80,4 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="logit-distill")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["verify", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    from ..cli import run as run_command
+
+    return run_command(args, command="verify", debug=False)

@@ -24,6 +24,18 @@ from .report import CHECK_NAMES, VerifyReport, _Check
 DEFAULT_SAMPLE = 256
 
 
+def _check_report_paths(store_uri, report_json, report_md, **inputs) -> None:
+    """Reports never land on an input, inside a store (the verified one included) or on a folder."""
+    from ..outputs import check_output
+
+    given = {"--store": store_uri, **{f"--{k}": v for k, v in inputs.items()}}
+    for flag, uri in (("--report-json", report_json), ("--report-md", report_md)):
+        if uri is not None:
+            check_output(uri, flag, kind="file", inputs=given)
+    if report_json is not None and report_md is not None and report_json.strip() == report_md.strip():
+        raise InputError(f"--report-json and --report-md are both {report_json}; give two different files")
+
+
 def verify_store(
     store_uri: str,
     *,
@@ -56,6 +68,7 @@ def verify_store(
                          f"{workers})")
     if tokenizer and not data:
         raise InputError("--tokenizer is only used with --data")
+    _check_report_paths(store_uri, report_json, report_md, data=data, tokenizer=tokenizer, teacher=teacher)
     checks = {name: _Check(name) for name in CHECK_NAMES}
     figures: dict = {}
 
