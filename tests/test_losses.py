@@ -75,6 +75,20 @@ def np_topk_tail_kl(logits, ids, lp, tail, mask, T):
     return np.mean(vals) if vals else 0.0
 
 
+def np_sampled_kl(logits, ids, counts, lp, mask, T, t=1.0):
+    """Self-normalized importance-weighted KL estimate (docs/LOSSES.md, sampled_kl)."""
+    vals = []
+    for b, j in zip(*np.nonzero(mask)):
+        u = counts[b, j] > 0
+        c, l = counts[b, j][u].astype(np.float64), lp[b, j][u].astype(np.float64)
+        w = c * np.exp((1 / T - 1 / t) * l)
+        log_z = math.log(w.sum() / (c * np.exp((1 - 1 / t) * l)).sum())
+        w = w / w.sum()
+        log_q = np_log_softmax(logits[b, j].astype(np.float64) / T)[ids[b, j][u]]
+        vals.append(T * T * float((w * (l / T - log_z - log_q)).sum()))
+    return np.mean(vals) if vals else 0.0
+
+
 def np_ce(logits, tokens, mask):
     vals = [-np_log_softmax(logits[b, j])[tokens[b, j + 1]] for b, j in zip(*np.nonzero(mask))]
     return np.mean(vals) if vals else 0.0
@@ -134,6 +148,15 @@ def make_batch(seed=0, segments=SEGMENTS, v=V, k=K, sharp=3.0):
         "topk_logprobs": lp.astype(np.float32),
         "tail_logprob": tail.astype(np.float32),
     }
+    # N = 8 draws per position from the teacher: distinct ids ascending first, then empty slots.
+    n = 8
+    sids, scounts, slp = (np.zeros((b, l, n), dt) for dt in (np.int32, np.int32, np.float32))
+    for i in range(b):
+        for j in range(l):
+            u, c = np.unique(rng.choice(v, size=n, p=np.exp(full_lp[i, j]) / np.exp(full_lp[i, j]).sum()),
+                             return_counts=True)
+            sids[i, j, :u.size], scounts[i, j, :u.size], slp[i, j, :u.size] = u, c, full_lp[i, j, u]
+    batch.update(sample_ids=sids, sample_counts=scounts, sample_logprobs=slp)
     student = (rng.normal(size=(b, l, v)) * 2.0).astype(np.float32)
     return batch, student, full_lp
 
@@ -145,6 +168,9 @@ def poison_masked(batch):
     out["topk_ids"] = np.where(m[..., None], batch["topk_ids"], 10**6).astype(np.int32)
     out["topk_logprobs"] = np.where(m[..., None], batch["topk_logprobs"], np.nan).astype(np.float32)
     out["tail_logprob"] = np.where(m, batch["tail_logprob"], np.nan).astype(np.float32)
+    out["sample_ids"] = np.where(m[..., None], batch["sample_ids"], 10**6).astype(np.int32)
+    out["sample_counts"] = np.where(m[..., None], batch["sample_counts"], 0).astype(np.int32)
+    out["sample_logprobs"] = np.where(m[..., None], batch["sample_logprobs"], np.nan).astype(np.float32)
     return out
 
 
@@ -392,6 +418,8 @@ def test_distill_loss_mixing(kind, alpha):
     ce = np_ce(student, batch["tokens"], mask)
     if kind == "topk_kl":
         kd = np_topk_kl(student, batch["topk_ids"], batch["topk_logprobs"], mask, T)
+    elif kind == "sampled_kl":
+        kd = np_sampled_kl(student, batch["sample_ids"], batch["sample_counts"], batch["sample_logprobs"], mask, T)
     else:
         kd = np_topk_tail_kl(
             student, batch["topk_ids"], batch["topk_logprobs"], batch["tail_logprob"], mask, T
@@ -410,6 +438,8 @@ def test_alpha_zero_is_exactly_ce_even_with_invalid_teacher(kind):
     bad["topk_logprobs"] = np.full_like(batch["topk_logprobs"], np.nan)
     bad["tail_logprob"] = np.full_like(batch["tail_logprob"], np.nan)
     bad["topk_ids"] = np.full_like(batch["topk_ids"], 10**6)
+    bad["sample_ids"] = np.full_like(batch["sample_ids"], 10**6)
+    bad["sample_logprobs"] = np.full_like(batch["sample_logprobs"], np.nan)
 
     ce_fn = lambda z: L.cross_entropy(z, batch["tokens"], mask)[0]  # noqa: E731
     ce, g_ce = jax.jit(jax.value_and_grad(ce_fn))(student)

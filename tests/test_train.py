@@ -51,8 +51,8 @@ def kd_run(setup, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOGIT_DISTILL_CACHE", str(setup["root"] / "cache"))
         result = train_student(store=setup["store"], student=setup["student"], output=out, num_steps=KD_STEPS,
-                               batch_size=8, learning_rate=1e-2, alpha=0.5, eval_data=setup["eval_data"],
-                               checkpoint_every=20, progress=False)
+                               batch_size=8, learning_rate=1e-2, loss="topk_kl", alpha=0.5,
+                               eval_data=setup["eval_data"], checkpoint_every=20, progress=False)
     return result
 
 
@@ -287,7 +287,8 @@ def test_tail_loss_without_tail_mass_is_refused(setup, tmp_path, case):
                       loss="topk_tail_kl", progress=False)
     _no_step_taken(out)
     if case == "tail_minus_inf":  # topk_kl on the same store is fine
-        train_student(store=s, student=setup["student"], output=out, num_steps=1, batch_size=4, progress=False)
+        train_student(store=s, student=setup["student"], output=out, num_steps=1, batch_size=4, loss="topk_kl",
+                      alpha=0.5, progress=False)
 
 
 def test_online_tail_loss_with_full_top_k_is_refused(setup, tmp_path):

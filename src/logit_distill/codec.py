@@ -1,27 +1,45 @@
 """The byte layout of one store record (one example) and its two codecs.
 
-``exact``:   log-probs float32, ids int32: lossless, for tests and equivalence checks.
-``default``: ids bit-packed to ceil(log2 vocab) bits, log-probs as 16-bit fixed point
+``exact``:   log-probs float32, ids and counts int32: lossless, for tests and equivalence checks.
+``default``: ids bit-packed to ceil(log2 vocab) bits, top-k log-probs as 16-bit fixed point
              (``q = round(-logprob * 1024)``, clamped to [0, 65535]), so a decoded
              log-prob is within 2**-11 (~4.9e-4) of the stored one over [-64, 0];
              below -64 (probability < 1.6e-28) values are clamped to -65535/1024.
+             Sampled records: counts bit-packed to bit_length(N) bits, the sampled ids'
+             log-probs as 12-bit fixed point (``q = round(-logprob * 128)``, clamped to
+             [0, 4095]): within 2**-8 (~3.9e-3) over [-32, 0] (a drawn token below
+             -32, probability < 1.3e-14, is clamped).
 
 Layout (all little-endian; docs/FORMAT.md is the normative description):
 
-    header, 48 bytes:  magic b"LDR1" | codec u8 | flags u8 | id_bits u8 | reserved u8
-                       | example_index u64 | seq_len u32 | top_k u32 | num_runs u32
+    header, 48 bytes:  magic b"LDR1" | codec u8 | flags u8 | id_bits u8 | aux u8
+                       | example_index u64 | seq_len u32 | width u32 | num_runs u32
                        | store_tag u32 (first 4 bytes of the store fingerprint)
                        | token_hash 16 bytes (BLAKE2b-128 of tokens as int32 LE)
     runs:              num_runs x (segment_id u32, length u32, first_position u32, step u32)
     tokens:            [L]     ids
-    topk_ids:          [L, k]  ids
-    topk_logprobs:     [L, k]  log-probs
-    tail_logprob:      [L]     log-probs
+
+    top-k record (flags bit 0 clear; width = k, aux = m tempered tails):
+    topk_ids:              [L, k]  ids
+    topk_logprobs:         [L, k]  log-probs
+    tail_logprob:          [L]     log-probs
+    tail_logprob_tempered: [L, m]  log-probs (log tail mass at each manifest tail temperature)
+
+    sampled record (flags bit 0 set; width = S, the most distinct ids of any position;
+    aux = bits per count): ragged, n_j distinct ids at position j, M = sum_j n_j
+    num_distinct:      [L]     counts (n_j, 1..N)
+    sample_ids:        [M]     ids, position-major, ascending within a position
+    sample_counts:     [M]     counts (>= 1, summing to N per position)
+    sample_logprobs:   [M]     sampled log-probs (the teacher's untempered log-prob)
 
 ``ids`` are int32 (exact) or one bit-packed stream of id_bits each, padded to a
-whole byte (default); ``log-probs`` are float32 (exact) or uint16 fixed point
+whole byte (default); ``counts`` are int32 (exact) or a bit-packed stream of aux
+bits (default); ``log-probs`` are float32 (exact) or uint16 fixed point
+(default); ``sampled log-probs`` float32 (exact) or a 12-bit packed stream
 (default). Segment ids and positions are stored as runs: positions inside a
 run are ``first_position + step * j``, so a packed row of D documents costs D runs.
+Decoded, a sampled record's ``sample_ids``/``sample_counts``/``sample_logprobs``
+are ``[L, S]`` with the n_j used slots first and zeros after.
 
 No pickle: the layout is plain bytes and numpy views.
 """
@@ -45,6 +63,14 @@ LOGPROB_SCALE = 1024.0
 LOGPROB_FLOOR = -65535 / LOGPROB_SCALE
 LOGPROB_MAX_ERROR = 0.5 / LOGPROB_SCALE
 
+# Fixed point of sampled log-probs (default codec): log-prob = -q / SAMPLED_LOGPROB_SCALE, 12 bits.
+SAMPLED_LOGPROB_BITS = 12
+SAMPLED_LOGPROB_SCALE = 128.0
+SAMPLED_LOGPROB_FLOOR = -((1 << SAMPLED_LOGPROB_BITS) - 1) / SAMPLED_LOGPROB_SCALE
+SAMPLED_LOGPROB_MAX_ERROR = 0.5 / SAMPLED_LOGPROB_SCALE
+
+FLAG_SAMPLED = 1
+
 CODEC_IDS = {"exact": 0, "default": 1}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 
@@ -59,6 +85,11 @@ def token_hash(tokens: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(tokens, dtype="<i4").tobytes(), digest_size=16).digest()
 
 
+def count_bits_for(num_samples: int) -> int:
+    """Bits per count in the default codec: enough for 0..N."""
+    return max(1, int(num_samples).bit_length())
+
+
 def bytes_per_entry(codec: str, vocab_size: int, seq_len: int, top_k: int) -> float:
     """Record size / (seq_len * top_k) for a packed row of one document."""
     size = record_size(codec, vocab_size, seq_len, top_k, num_runs=1)
@@ -70,11 +101,19 @@ def record_size(codec: str, vocab_size: int, seq_len: int, top_k: int, num_runs:
     return _record_size(codec, bits, seq_len, top_k, num_runs)
 
 
-def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int) -> int:
+def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int, tempered: int = 0) -> int:
     size = HEADER.size + RUN_DTYPE.itemsize * num_runs
     if codec == "exact":
-        return size + 4 * L + 8 * L * k + 4 * L
-    return size + _packed_len(L, bits) + _packed_len(L * k, bits) + 2 * L * k + 2 * L
+        return size + 4 * L + 8 * L * k + 4 * L + 4 * L * tempered
+    return size + _packed_len(L, bits) + _packed_len(L * k, bits) + 2 * L * k + 2 * L + 2 * L * tempered
+
+
+def _sampled_size(codec: str, bits: int, count_bits: int, L: int, M: int, num_runs: int) -> int:
+    size = HEADER.size + RUN_DTYPE.itemsize * num_runs
+    if codec == "exact":
+        return size + 4 * L + 4 * L + 12 * M
+    return (size + _packed_len(L, bits) + _packed_len(L, count_bits) + _packed_len(M, bits)
+            + _packed_len(M, count_bits) + _packed_len(M, SAMPLED_LOGPROB_BITS))
 
 
 def _packed_len(n: int, bits: int) -> int:
@@ -174,6 +213,17 @@ def dequantize_logprobs(q: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) * np.float32(-1.0 / LOGPROB_SCALE)
 
 
+def quantize_sampled_logprobs(x: np.ndarray) -> np.ndarray:
+    top = (1 << SAMPLED_LOGPROB_BITS) - 1
+    q = np.rint(-np.asarray(x, dtype=np.float32) * np.float32(SAMPLED_LOGPROB_SCALE))
+    q = np.nan_to_num(q, nan=top, posinf=top)
+    return np.clip(q, 0, top).astype(np.uint32)
+
+
+def dequantize_sampled_logprobs(q: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * np.float32(-1.0 / SAMPLED_LOGPROB_SCALE)
+
+
 # ---------------------------------------------------------------- records
 
 
@@ -184,15 +234,25 @@ def encode_record(
     tokens: np.ndarray,
     segment_ids: np.ndarray,
     positions: np.ndarray,
-    topk_ids: np.ndarray,
-    topk_logprobs: np.ndarray,
-    tail_logprob: np.ndarray,
+    topk_ids: np.ndarray | None = None,
+    topk_logprobs: np.ndarray | None = None,
+    tail_logprob: np.ndarray | None = None,
     vocab_size: int,
     store_tag: int = 0,
+    tail_logprob_tempered: np.ndarray | None = None,
+    sample_ids: np.ndarray | None = None,
+    sample_counts: np.ndarray | None = None,
+    sample_logprobs: np.ndarray | None = None,
+    num_samples: int | None = None,
 ) -> bytes:
-    """Encode one example. Shapes: tokens/segment_ids/positions/tail [L], topk [L, k]."""
+    """Encode one example. Shapes: tokens/segment_ids/positions/tail [L], topk [L, k],
+    tail_logprob_tempered [L, m]; or, for a sampled record, sample_* [L, S'] (any S' >= the
+    distinct ids of every position, used slots first) and ``num_samples`` N."""
     if codec not in CODEC_IDS:
         raise ValueError(f"unknown codec {codec!r}; known: {sorted(CODEC_IDS)}")
+    if sample_ids is not None:
+        return _encode_sampled(codec, example_index, tokens, segment_ids, positions, sample_ids, sample_counts,
+                               sample_logprobs, vocab_size, store_tag, num_samples)
     L, k = np.shape(topk_ids)
     tokens = np.asarray(tokens)
     if tokens.shape != (L,) or np.shape(topk_logprobs) != (L, k) or np.shape(tail_logprob) != (L,):
@@ -200,10 +260,14 @@ def encode_record(
             f"inconsistent record shapes: tokens {tokens.shape}, topk_ids {(L, k)}, "
             f"topk_logprobs {np.shape(topk_logprobs)}, tail_logprob {np.shape(tail_logprob)}"
         )
+    tempered = np.zeros((L, 0), np.float32) if tail_logprob_tempered is None else np.asarray(tail_logprob_tempered)
+    if tempered.ndim != 2 or tempered.shape[0] != L or tempered.shape[1] > 255:
+        raise ValueError(f"tail_logprob_tempered has shape {tempered.shape}, expected ({L}, m <= 255)")
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
     header = HEADER.pack(
-        MAGIC, CODEC_IDS[codec], 0, bits, 0, int(example_index), L, k, len(runs), store_tag, token_hash(tokens)
+        MAGIC, CODEC_IDS[codec], 0, bits, tempered.shape[1], int(example_index), L, k, len(runs), store_tag,
+        token_hash(tokens)
     )
     parts = [header, runs.tobytes()]
     if codec == "exact":
@@ -212,6 +276,7 @@ def encode_record(
             np.ascontiguousarray(topk_ids, dtype="<i4").tobytes(),
             np.ascontiguousarray(topk_logprobs, dtype="<f4").tobytes(),
             np.ascontiguousarray(tail_logprob, dtype="<f4").tobytes(),
+            np.ascontiguousarray(tempered, dtype="<f4").tobytes(),
         ]
     else:
         parts += [
@@ -219,14 +284,51 @@ def encode_record(
             pack_bits(topk_ids, bits),
             quantize_logprobs(topk_logprobs).tobytes(),
             quantize_logprobs(tail_logprob).tobytes(),
+            quantize_logprobs(tempered).tobytes(),
         ]
+    return b"".join(parts)
+
+
+def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, counts, logprobs, vocab_size,
+                    store_tag, num_samples) -> bytes:
+    tokens = np.asarray(tokens)
+    ids, counts, logprobs = np.asarray(ids), np.asarray(counts), np.asarray(logprobs)
+    L = tokens.shape[0]
+    if ids.ndim != 2 or ids.shape[0] != L or counts.shape != ids.shape or logprobs.shape != ids.shape:
+        raise ValueError(f"inconsistent sampled record shapes: tokens {tokens.shape}, sample_ids {ids.shape}, "
+                         f"sample_counts {counts.shape}, sample_logprobs {logprobs.shape}")
+    if num_samples is None or int(num_samples) < 1:
+        raise ValueError("a sampled record needs num_samples >= 1")
+    used = counts > 0
+    n = used.sum(-1)
+    # Used slots must come first: slot j of position i is used iff j < n_i.
+    if not np.array_equal(used, np.arange(ids.shape[1])[None, :] < n[:, None]):
+        raise ValueError("sampled record: the slots with a count > 0 must come first at every position")
+    if np.any(n < 1):
+        raise ValueError("sampled record: every position needs at least one sampled id")
+    S = int(n.max()) if L else 0
+    runs = encode_runs(segment_ids, positions)
+    bits = 32 if codec == "exact" else id_bits_for(vocab_size)
+    cbits = 32 if codec == "exact" else count_bits_for(num_samples)
+    header = HEADER.pack(MAGIC, CODEC_IDS[codec], FLAG_SAMPLED, bits, cbits if cbits < 32 else 0,
+                         int(example_index), L, S, len(runs), store_tag, token_hash(tokens))
+    flat_ids, flat_counts, flat_lp = ids[used], counts[used], logprobs[used]
+    parts = [header, runs.tobytes()]
+    if codec == "exact":
+        parts += [np.ascontiguousarray(tokens, dtype="<i4").tobytes(), n.astype("<i4").tobytes(),
+                  flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
+                  flat_lp.astype("<f4").tobytes()]
+    else:
+        parts += [pack_bits(tokens, bits), pack_bits(n, cbits), pack_bits(flat_ids, bits),
+                  pack_bits(flat_counts, cbits),
+                  pack_bits(quantize_sampled_logprobs(flat_lp), SAMPLED_LOGPROB_BITS)]
     return b"".join(parts)
 
 
 def decode_header(data: bytes | memoryview) -> dict:
     if len(data) < HEADER.size:
         raise StoreError(f"record of {len(data)} bytes is shorter than its {HEADER.size}-byte header")
-    magic, codec_id, flags, bits, _, index, L, k, num_runs, tag, thash = HEADER.unpack_from(data, 0)
+    magic, codec_id, flags, bits, aux, index, L, k, num_runs, tag, thash = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise StoreError(f"record does not start with {MAGIC!r} (got {magic!r})")
     if codec_id not in CODEC_NAMES:
@@ -234,7 +336,9 @@ def decode_header(data: bytes | memoryview) -> dict:
     return {
         "codec": CODEC_NAMES[codec_id],
         "flags": flags,
+        "selection": "sampled" if flags & FLAG_SAMPLED else "topk",
         "id_bits": bits,
+        "aux": aux,
         "example_index": index,
         "seq_len": L,
         "top_k": k,
@@ -245,10 +349,12 @@ def decode_header(data: bytes | memoryview) -> dict:
 
 
 def decode_record(data: bytes) -> dict:
-    """Decode one record into numpy arrays (log-probs float32, ids int32)."""
+    """Decode one record into numpy arrays (log-probs float32, ids and counts int32)."""
     h = decode_header(data)
-    L, k, bits, codec = h["seq_len"], h["top_k"], h["id_bits"], h["codec"]
-    expected = _record_size(codec, bits, L, k, h["num_runs"])
+    if h["selection"] == "sampled":
+        return _decode_sampled(data, h)
+    L, k, bits, codec, m = h["seq_len"], h["top_k"], h["id_bits"], h["codec"], h["aux"]
+    expected = _record_size(codec, bits, L, k, h["num_runs"], m)
     if len(data) != expected:
         raise StoreError(f"record is {len(data)} bytes, its header implies {expected}")
     mv = memoryview(data)
@@ -264,6 +370,8 @@ def decode_record(data: bytes) -> dict:
         topk_logprobs = np.frombuffer(mv, "<f4", L * k, off).astype(np.float32).reshape(L, k)
         off += 4 * L * k
         tail = np.frombuffer(mv, "<f4", L, off).astype(np.float32)
+        off += 4 * L
+        tempered = np.frombuffer(mv, "<f4", L * m, off).astype(np.float32).reshape(L, m)
     else:
         n = _packed_len(L, bits)
         tokens = unpack_bits(mv[off : off + n], L, bits)
@@ -274,7 +382,9 @@ def decode_record(data: bytes) -> dict:
         topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", L * k, off)).reshape(L, k)
         off += 2 * L * k
         tail = dequantize_logprobs(np.frombuffer(mv, "<u2", L, off))
-    return {
+        off += 2 * L
+        tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", L * m, off)).reshape(L, m)
+    out = {
         "example_index": np.int64(h["example_index"]),
         "store_tag": np.uint32(h["store_tag"]),
         "token_hash": h["token_hash"],
@@ -284,4 +394,73 @@ def decode_record(data: bytes) -> dict:
         "topk_ids": topk_ids,
         "topk_logprobs": topk_logprobs,
         "tail_logprob": tail,
+    }
+    if m:
+        out["tail_logprob_tempered"] = tempered
+    return out
+
+
+def _decode_sampled(data: bytes, h: dict) -> dict:
+    L, S, bits, codec = h["seq_len"], h["top_k"], h["id_bits"], h["codec"]
+    cbits = 32 if codec == "exact" else h["aux"]
+    if cbits < 1:
+        raise StoreError("sampled record has 0 bits per count")
+    mv = memoryview(data)
+    off = HEADER.size
+    runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
+    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (
+        4 * L if codec == "exact" else _packed_len(L, cbits))
+    if len(data) < head:
+        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
+    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
+    segment_ids, positions = decode_runs(runs, L)
+    off = runs_end
+    if codec == "exact":
+        tokens = np.frombuffer(mv, "<i4", L, off).astype(np.int32)
+        off += 4 * L
+        n = np.frombuffer(mv, "<i4", L, off).astype(np.int64)
+        off += 4 * L
+    else:
+        size = _packed_len(L, bits)
+        tokens = unpack_bits(mv[off : off + size], L, bits)
+        off += size
+        size = _packed_len(L, cbits)
+        n = unpack_bits(mv[off : off + size], L, cbits).astype(np.int64)
+        off += size
+    if np.any(n < 0) or np.any(n > S):
+        raise StoreError(f"sampled record: a position claims {int(n.max())} distinct ids, the header allows {S}")
+    M = int(n.sum())
+    expected = _sampled_size(codec, bits, cbits, L, M, h["num_runs"])
+    if len(data) != expected:
+        raise StoreError(f"record is {len(data)} bytes, its header and counts imply {expected}")
+    if codec == "exact":
+        flat_ids = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
+        off += 4 * M
+        flat_counts = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
+        off += 4 * M
+        flat_lp = np.frombuffer(mv, "<f4", M, off).astype(np.float32)
+    else:
+        size = _packed_len(M, bits)
+        flat_ids = unpack_bits(mv[off : off + size], M, bits)
+        off += size
+        size = _packed_len(M, cbits)
+        flat_counts = unpack_bits(mv[off : off + size], M, cbits)
+        off += size
+        size = _packed_len(M, SAMPLED_LOGPROB_BITS)
+        flat_lp = dequantize_sampled_logprobs(unpack_bits(mv[off : off + size], M, SAMPLED_LOGPROB_BITS))
+    used = np.arange(S)[None, :] < n[:, None]
+    ids = np.zeros((L, S), np.int32)
+    counts = np.zeros((L, S), np.int32)
+    lp = np.zeros((L, S), np.float32)
+    ids[used], counts[used], lp[used] = flat_ids, flat_counts, flat_lp
+    return {
+        "example_index": np.int64(h["example_index"]),
+        "store_tag": np.uint32(h["store_tag"]),
+        "token_hash": h["token_hash"],
+        "tokens": tokens,
+        "segment_ids": segment_ids,
+        "positions": positions,
+        "sample_ids": ids,
+        "sample_counts": counts,
+        "sample_logprobs": lp,
     }

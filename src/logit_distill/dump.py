@@ -1,4 +1,5 @@
-"""The teacher dump: run the teacher once over the data and keep its top-k in a logit store.
+"""The teacher dump: run the teacher once over the data and keep its top-k (or tokens sampled from
+it) in a logit store.
 
 Resume is a scan: on start the committed chunks are listed, and every chunk
 range that is missing (gaps included, not just the tail) is computed again;
@@ -56,6 +57,10 @@ class DumpConfig:
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
     max_pending_steps: int = 4
     progress: bool = True
+    selection: str = "topk"  # topk | sampled
+    samples: int | None = None  # sampled: draws per position (N)
+    proposal_temperature: float = 1.0  # sampled: draws from softmax(logits / t)
+    tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
 
 
 @dataclasses.dataclass
@@ -76,6 +81,7 @@ class DumpResult:
     tokens_per_s: float
     elapsed_s: float
     complete: bool
+    bytes_per_position: float = 0.0  # store bytes / (examples x seq_len)
     time_to_first_step_s: float | None = None  # from the call to the first new step handed to the writer
 
     def summary(self) -> str:
@@ -115,6 +121,20 @@ def _check_settings(config: DumpConfig) -> None:
         raise InputError(f"--codec must be exact or default, got {config.codec!r}")
     if config.dtype not in ("float32", "bfloat16"):
         raise InputError(f"--dtype must be float32 or bfloat16, got {config.dtype!r}")
+    if config.selection not in ("topk", "sampled"):
+        raise InputError(f"--selection must be topk or sampled, got {config.selection!r}")
+    if config.selection == "sampled":
+        if config.samples is None or config.samples < 1 or config.samples > 65535:
+            raise InputError(f"--selection sampled needs --samples N with 1 <= N <= 65535, got {config.samples}")
+        if config.tail_temperatures:
+            raise InputError("--tail-temperatures applies to --selection topk; a sampled store has no tail")
+    elif config.samples is not None:
+        raise InputError("--samples applies to --selection sampled; give --selection sampled or drop --samples")
+    if not config.proposal_temperature > 0 or not all(float(T) > 0 for T in config.tail_temperatures):
+        raise InputError(f"temperatures must be > 0: --proposal-temperature {config.proposal_temperature}, "
+                         f"--tail-temperatures {list(config.tail_temperatures)}")
+    if config.selection == "topk" and config.proposal_temperature != 1.0:
+        raise InputError("--proposal-temperature applies to --selection sampled")
     _check_array_record_options(config.array_record_options)
 
 
@@ -156,7 +176,7 @@ def plan_manifest(config: DumpConfig, num_processes: int = 1) -> dict:
             f"--seq-len {config.seq_len} exceeds the teacher's maximum of {max_len} "
             f"positions (max_position_embeddings in {config.teacher})"
         )
-    if config.top_k > vocab_size:
+    if config.selection == "topk" and config.top_k > vocab_size:
         raise InputError(f"--top-k {config.top_k} exceeds the teacher's vocabulary of {vocab_size}")
     data_identity = plan_identity(
         config.data, config.tokenizer or teacher_tokenizer, seq_len=config.seq_len,
@@ -171,12 +191,27 @@ def plan_manifest(config: DumpConfig, num_processes: int = 1) -> dict:
             "teacher": teacher_identity,
             "teacher_dtype": config.dtype,
             "data": data_identity,
-            "selection": "float32 log-softmax; jax.lax.top_k; tail = logsumexp outside the top-k",
+            "selection": _SELECTION_TEXT[config.selection],
         },
+        **_selection_settings(config),
     )
     manifest["info"]["teacher_spec"] = config.teacher
     manifest["info"]["data_spec"] = config.data
     return manifest
+
+
+_SELECTION_TEXT = {
+    "topk": "float32 log-softmax; jax.lax.top_k; tail = logsumexp outside the top-k",
+    "sampled": "float32 log-softmax; N inverse-CDF draws per position from softmax(logits / t), keys "
+               "fold_in(fold_in(key(sample_seed), example_index), position); distinct ids ascending + counts",
+}
+
+
+def _selection_settings(config: DumpConfig) -> dict:
+    if config.selection == "sampled":
+        return {"selection": "sampled", "num_samples": config.samples,
+                "proposal_temperature": config.proposal_temperature, "sample_seed": config.seed}
+    return {"tail_temperatures": tuple(config.tail_temperatures)}
 
 
 def prepare(config: DumpConfig):
@@ -256,14 +291,14 @@ def _remove_leftovers(uri: str, scan) -> None:
 
 
 class _Compute:
-    """The jitted teacher top-k over a mesh of every device, data parallel over the batch."""
+    """The jitted teacher selection over a mesh of every device, data parallel over the batch."""
 
     def __init__(self, teacher, config: DumpConfig):
         import jax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
         from .models import shard_params
-        from .topk import make_teacher_topk
+        from .topk import make_teacher_sampled, make_teacher_topk
 
         devices = np.array(jax.devices())
         if config.batch_size % devices.size:
@@ -276,18 +311,30 @@ class _Compute:
         self.params = shard_params(teacher.params, self.mesh, config.sharding)
         # Replicated teachers run example by example on each device: the same bytes on any
         # number of devices. fsdp splits the matmuls themselves, so the last bits may differ.
-        self.fn = make_teacher_topk(teacher.apply, config.top_k,
-                                    mesh=self.mesh if config.sharding == "replicate" else None)
+        mesh = self.mesh if config.sharding == "replicate" else None
+        self.sampled = config.selection == "sampled"
+        if self.sampled:
+            self.fn = make_teacher_sampled(teacher.apply, config.samples, seed=config.seed,
+                                           proposal_temperature=config.proposal_temperature, mesh=mesh)
+        else:
+            self.fn = make_teacher_topk(teacher.apply, config.top_k, mesh=mesh,
+                                        tail_temperatures=config.tail_temperatures)
         self.num_processes = jax.process_count()
 
-    def dispatch(self, local_batch: dict):
-        """Start the forward on this process's rows; returns device arrays (asynchronously)."""
+    def dispatch(self, local_batch: dict, example_index: np.ndarray):
+        """Start the forward on this process's rows; returns device arrays (asynchronously).
+
+        ``example_index`` (this process's global example indices) keys the draws of a sampled store.
+        """
         import jax
 
         args = [
             jax.make_array_from_process_local_data(self.batch_sharding, local_batch[key])
             for key in ("tokens", "positions", "segment_ids")
         ]
+        if self.sampled:
+            args.append(jax.make_array_from_process_local_data(
+                self.batch_sharding, np.asarray(example_index, np.int32)))
         return self.fn(self.params, *args)
 
     @staticmethod
@@ -390,7 +437,7 @@ def run_dump(config: DumpConfig) -> DumpResult:
                         break
                     first = step * B + process * b
                     local = source.batch(range(first, first + b))
-                    out = compute.dispatch(local)  # asynchronous: overlaps with the previous step's host work
+                    out = compute.dispatch(local, np.arange(first, first + b))  # asynchronous: overlaps with the previous step's host work
                     if pending is not None:
                         finish(pending)
                         steps_run += 1
@@ -436,6 +483,7 @@ def run_dump(config: DumpConfig) -> DumpResult:
         tokens=positions,
         store_bytes=store_bytes,
         bytes_per_entry=store_bytes / max(1, positions * manifest["shapes"]["top_k"]),
+        bytes_per_position=store_bytes / max(1, positions),
         tokens_per_s=tokens_run / elapsed_compute if steps_run else 0.0,
         elapsed_s=time.perf_counter() - t_start,
         complete=final.complete,
@@ -472,6 +520,16 @@ def register_cli(subparsers) -> None:
                    help="JSONL file, glob or directory (text per line) or pre-tokenized *.array_record files")
     p.add_argument("--output", required=True, help="store location: local path, file:// or gs:// URI")
     p.add_argument("--top-k", type=int, default=64, help="log-probs kept per position (default 64)")
+    p.add_argument("--selection", choices=["topk", "sampled"], default="topk",
+                   help="topk: the k most likely ids + tail mass (default); sampled: --samples N draws per "
+                        "position from the teacher, stored as distinct ids + counts + log-probs (unbiased)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="--selection sampled: draws per position, with replacement (e.g. 32)")
+    p.add_argument("--proposal-temperature", type=float, default=1.0,
+                   help="--selection sampled: draw from softmax(logits / t) (default 1: the teacher itself)")
+    p.add_argument("--tail-temperatures", type=_temperatures, default=(),
+                   help="--selection topk: comma-separated temperatures T1,T2 at which the tail mass of the "
+                        "tempered teacher is also stored, for topk_tail_kl at T != 1 (e.g. 2,4)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per example (default 512)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="examples per step across all processes (default 8)")
@@ -496,6 +554,18 @@ def register_cli(subparsers) -> None:
     p.add_argument("--quiet", dest="progress", action="store_false",
                    help="no progress bar (the resume line and the summary are still printed)")
     p.set_defaults(func=_cli_main)
+
+
+def _temperatures(text: str) -> tuple:
+    import argparse
+
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"temperatures must be > 0, got {text!r}")
+    return values
 
 
 def _cli_main(args) -> int:

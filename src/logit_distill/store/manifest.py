@@ -54,8 +54,30 @@ def build_manifest(
     num_processes: int = 1,
     content: dict | None = None,
     array_record_options: str = DEFAULT_ARRAY_RECORD_OPTIONS,
+    selection: str = "topk",
+    num_samples: int | None = None,
+    proposal_temperature: float = 1.0,
+    sample_seed: int = 0,
+    tail_temperatures=(),
 ) -> dict:
-    """A complete manifest with its fingerprint. ``content`` holds teacher, data and other settings."""
+    """A complete manifest with its fingerprint. ``content`` holds teacher, data and other settings.
+
+    ``selection="sampled"`` records ``num_samples`` (N draws per position),
+    ``proposal_temperature`` and ``sample_seed`` under ``shapes``, with
+    ``top_k = N`` (the most distinct ids a position can hold); a top-k store
+    may record ``tail_temperatures``. A plain top-k store has neither key, so
+    its fingerprint is what it was before sampled stores existed.
+    """
+    if selection not in ("topk", "sampled"):
+        raise ValueError(f"unknown selection {selection!r}; known: topk, sampled")
+    if selection == "sampled":
+        if num_samples is None or int(num_samples) < 1:
+            raise ValueError(f"a sampled store needs num_samples >= 1, got {num_samples}")
+        if tail_temperatures:
+            raise ValueError("tail temperatures belong to top-k stores, not sampled ones")
+        top_k = int(num_samples)
+    if not all(float(T) > 0 for T in tail_temperatures) or len(tail_temperatures) > 255:
+        raise ValueError(f"tail temperatures must be > 0 (at most 255), got {list(tail_temperatures)}")
     if codec not in codec_mod.CODEC_IDS:
         raise ValueError(f"unknown codec {codec!r}; known: {sorted(codec_mod.CODEC_IDS)}")
     for name, value in [
@@ -69,7 +91,7 @@ def build_manifest(
         raise ValueError(
             f"examples_per_step={examples_per_step} is not divisible by num_processes={num_processes}"
         )
-    if top_k > vocab_size:
+    if top_k > vocab_size and selection != "sampled":
         raise ValueError(f"top_k={top_k} exceeds vocab_size={vocab_size}")
     codec_info = {"name": codec, "array_record_options": array_record_options}
     if codec == "default":
@@ -78,10 +100,16 @@ def build_manifest(
             logprob_scale=codec_mod.LOGPROB_SCALE,
             logprob_floor=codec_mod.LOGPROB_FLOOR,
         )
+    shapes = {"seq_len": int(seq_len), "top_k": int(top_k), "vocab_size": int(vocab_size)}
+    if selection == "sampled":
+        shapes.update(selection="sampled", num_samples=int(num_samples),
+                      proposal_temperature=float(proposal_temperature), sample_seed=int(sample_seed))
+    elif tail_temperatures:
+        shapes["tail_temperatures"] = [float(T) for T in tail_temperatures]
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "shapes": {"seq_len": int(seq_len), "top_k": int(top_k), "vocab_size": int(vocab_size)},
+        "shapes": shapes,
         "codec": codec_info,
         "layout": {
             "num_steps": int(num_steps),
@@ -142,8 +170,13 @@ def check_self_consistent(manifest: dict, where: str) -> None:
                 problems.append(f"layout.{key} must be >= 1")
         if int(layout["examples_per_step"]) % int(layout["num_processes"]):
             problems.append("layout.examples_per_step is not divisible by layout.num_processes")
-        if int(shapes["top_k"]) > int(shapes["vocab_size"]):
+        if int(shapes["top_k"]) > int(shapes["vocab_size"]) and shapes.get("selection") != "sampled":
             problems.append("shapes.top_k exceeds shapes.vocab_size")
+        if shapes.get("selection", "topk") not in ("topk", "sampled"):
+            problems.append(f"unknown shapes.selection {shapes.get('selection')!r}")
+        elif shapes.get("selection") == "sampled" and (
+                int(shapes.get("num_samples", 0)) < 1 or int(shapes["top_k"]) != int(shapes["num_samples"])):
+            problems.append("a sampled store needs shapes.num_samples >= 1 equal to shapes.top_k")
         if codec_info.get("name") not in codec_mod.CODEC_IDS:
             problems.append(f"unknown codec {codec_info.get('name')!r}")
         elif codec_info["name"] == "default" and codec_info.get("id_bits") != codec_mod.id_bits_for(
@@ -154,6 +187,16 @@ def check_self_consistent(manifest: dict, where: str) -> None:
         problems.append(f"malformed field ({e!r})")
     if problems:
         raise StoreError(f"{where}: inconsistent manifest: " + "; ".join(problems))
+
+
+def selection_of(manifest: dict) -> str:
+    """``"sampled"`` or ``"topk"`` (stores without the key are top-k)."""
+    return manifest["shapes"].get("selection", "topk")
+
+
+def tail_temperatures_of(manifest: dict) -> list[float]:
+    """The temperatures whose tempered tail mass a top-k store holds (``[]`` if none)."""
+    return [float(T) for T in manifest["shapes"].get("tail_temperatures", [])]
 
 
 def num_files(manifest: dict) -> int:

@@ -151,7 +151,14 @@ class Store:
             raise StoreError(f"{where} belongs to another store (tag {int(rec['store_tag']):08x}, "
                              f"this store's is {self.tag:08x})")
         shapes = self.manifest["shapes"]
-        if rec["topk_ids"].shape != (shapes["seq_len"], shapes["top_k"]):
+        if "sample_ids" in rec:
+            L, S = rec["sample_ids"].shape
+            if shapes.get("selection") != "sampled" or L != shapes["seq_len"] or S > shapes["top_k"]:
+                raise StoreError(f"{where} holds sampled ids of shape {(L, S)}; the manifest says a "
+                                 f"{shapes.get('selection', 'topk')} store of seq_len {shapes['seq_len']}")
+        elif shapes.get("selection") == "sampled":
+            raise StoreError(f"{where} holds a top-k record; the manifest says a sampled store")
+        elif rec["topk_ids"].shape != (shapes["seq_len"], shapes["top_k"]):
             raise StoreError(f"{where} has top-k shape {rec['topk_ids'].shape}, "
                              f"manifest says {(shapes['seq_len'], shapes['top_k'])}")
 

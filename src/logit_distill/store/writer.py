@@ -125,6 +125,11 @@ def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[byte
     """Encode the examples of one step (arrays with a leading example axis) into records."""
     codec = manifest["codec"]["name"]
     vocab_size = manifest["shapes"]["vocab_size"]
+    sampled = manifest_mod.selection_of(manifest) == "sampled"
+    fields = (("sample_ids", "sample_counts", "sample_logprobs") if sampled
+              else ("topk_ids", "topk_logprobs", "tail_logprob")
+              + (("tail_logprob_tempered",) if manifest_mod.tail_temperatures_of(manifest) else ()))
+    extra = {"num_samples": manifest["shapes"]["num_samples"]} if sampled else {}
     out = []
     for i in range(len(step_records["example_index"])):
         out.append(codec_mod.encode_record(
@@ -133,11 +138,10 @@ def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[byte
             tokens=step_records["tokens"][i],
             segment_ids=step_records["segment_ids"][i],
             positions=step_records["positions"][i],
-            topk_ids=step_records["topk_ids"][i],
-            topk_logprobs=step_records["topk_logprobs"][i],
-            tail_logprob=step_records["tail_logprob"][i],
             vocab_size=vocab_size,
             store_tag=store_tag,
+            **{key: step_records[key][i] for key in fields},
+            **extra,
         ))
     return out
 

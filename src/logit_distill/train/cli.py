@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--teacher", help="online mode: teacher HF checkpoint dir (or preset:NAME) run in the loop")
     src.add_argument("--data", help="online mode: JSONL text or pre-tokenized ArrayRecord (file, glob or dir)")
     src.add_argument("--top-k", type=int, help="online mode: teacher entries kept per position")
+    src.add_argument("--samples", type=int,
+                     help="online mode, --loss sampled_kl: draws per position from the teacher (as dump --samples)")
+    src.add_argument("--proposal-temperature", type=float, default=1.0,
+                     help="online mode, --loss sampled_kl: draw from the teacher at this temperature (default 1)")
     src.add_argument("--seq-len", type=int, help="online mode: tokens per example")
     src.add_argument("--no-packing", dest="packing", action="store_false",
                      help="online mode: one document per example instead of packing (default: packed)")
@@ -50,11 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay on matrices (default 0)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping by global norm (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the training shuffle (default 0)")
-    p.add_argument("--loss", choices=("topk_kl", "topk_tail_kl"), default="topk_kl",
-                   help="KD loss: KL over the teacher's top-k ids, or over top-k + a tail bin (default topk_kl)")
-    p.add_argument("--alpha", type=float, default=0.5,
+    p.add_argument("--loss", choices=("topk_tail_kl", "topk_kl", "sampled_kl"), default=None,
+                   help="KD loss: KL over top-k + a tail bin, KL over the top-k ids only, or the importance-"
+                        "weighted KL of sampled ids (default: topk_tail_kl for a top-k store, sampled_kl for a "
+                        "sampled one; docs/LOSSES.md)")
+    p.add_argument("--alpha", type=float, default=1.0,
                    help="weight of the KD loss: loss = alpha * KD + (1 - alpha) * CE; 0 trains on CE only "
-                        "(default 0.5); the start value of a schedule")
+                        "(default 1); the start value of a schedule")
     p.add_argument("--alpha-end", type=float, help="alpha at the last step (with --alpha-schedule linear|cosine)")
     p.add_argument("--alpha-schedule", choices=("constant", "linear", "cosine"), default="constant",
                    help="how alpha goes from --alpha to --alpha-end over the steps (default constant)")
@@ -84,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         end_lr_fraction=args.end_lr_fraction, param_sharding=args.param_sharding, packing=args.packing,
         data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
-        max_eval_examples=args.max_eval_examples,
+        max_eval_examples=args.max_eval_examples, samples=args.samples,
+        proposal_temperature=args.proposal_temperature,
     )
     summary = {"output": result.output, "final_step": result.final_step, "hf_dir": result.hf_dir,
                "resumed_from_step": result.resumed_from_step, "metrics": result.metrics, "eval": result.eval}

@@ -17,6 +17,7 @@ exactly the batches an uninterrupted run would.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import grain
@@ -27,7 +28,9 @@ from ..errors import InputError
 
 # Fields a training batch carries (the store also has example_index, store_tag, token_hash).
 MODEL_FIELDS = ("tokens", "segment_ids", "positions")
-TEACHER_FIELDS = ("topk_ids", "topk_logprobs", "tail_logprob")
+TEACHER_FIELDS = ("topk_ids", "topk_logprobs", "tail_logprob", "tail_logprob_tempered",
+                  "sample_ids", "sample_counts", "sample_logprobs")
+SAMPLE_FIELDS = ("sample_ids", "sample_counts", "sample_logprobs")
 
 
 class OnlineSource:
@@ -61,9 +64,22 @@ class OnlineSource:
         return f"OnlineSource({self.examples!r}, n={self.n})"
 
 
-def _training_fields(record: dict) -> dict:
+def _training_fields(record: dict, sample_width: int | None = None, tempered_index: int | None = None) -> dict:
+    """The fields a batch needs. Sampled records (``[L, S]``, S varying per record) are padded
+    with empty slots to ``sample_width`` (the store's N) so that they batch; of the stored
+    tempered tails only column ``tempered_index`` (the training temperature) is kept, as ``[L]``."""
     keep = MODEL_FIELDS + TEACHER_FIELDS + ("example_index",)
-    return {k: np.asarray(record[k]) for k in keep if k in record}
+    out = {k: np.asarray(record[k]) for k in keep if k in record}
+    if sample_width is not None and "sample_ids" in out:
+        pad = sample_width - out["sample_ids"].shape[-1]
+        for k in SAMPLE_FIELDS:
+            out[k] = np.pad(out[k], ((0, 0), (0, pad)))
+    if "tail_logprob_tempered" in out:
+        if tempered_index is None:
+            del out["tail_logprob_tempered"]
+        else:
+            out["tail_logprob_tempered"] = out["tail_logprob_tempered"][:, tempered_index]
+    return out
 
 
 def epochs_needed(num_examples: int, examples_consumed: int) -> int:
@@ -71,7 +87,8 @@ def epochs_needed(num_examples: int, examples_consumed: int) -> int:
 
 
 def build_dataset(source, *, seed: int, batch_size: int, num_batches: int,
-                  process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
+                  process_index: int = 0, process_count: int = 1, sample_width: int | None = None,
+                  tempered_index: int | None = None) -> grain.MapDataset:
     """Batches of this process: a ``MapDataset`` of ``num_batches`` dicts of ``[b, ...]`` arrays.
 
     ``batch_size`` is the global batch (all processes); each process gets
@@ -86,7 +103,8 @@ def build_dataset(source, *, seed: int, batch_size: int, num_batches: int,
     epochs = epochs_needed(n, num_batches * batch_size)
     ds = grain.MapDataset.source(source).shuffle(seed=int(seed)).repeat(epochs)
     ds = ds[process_index::process_count]
-    ds = ds.map(_training_fields).batch(per_process, drop_remainder=True)
+    fields = functools.partial(_training_fields, sample_width=sample_width, tempered_index=tempered_index)
+    ds = ds.map(fields).batch(per_process, drop_remainder=True)
     if len(ds) < num_batches:  # cannot happen with the epoch count above; a guard against misuse
         raise InputError(f"the pipeline yields {len(ds)} batches, {num_batches} are needed")
     return ds[:num_batches]
@@ -101,10 +119,26 @@ def make_iterator(dataset: grain.MapDataset, *, num_threads: int = 4, prefetch: 
 # ----------------------------------------------------------------------------- store checks
 
 
-def verify_store_for_training(store, *, loss: str) -> None:
-    """Before step 0: the store is complete, every chunk passes its checksum, and a
-    ``topk_tail_kl`` loss has a tail to learn from. Raises ``StoreError``/``InputError``."""
+def verify_store_for_training(store, *, loss: str, temperature: float = 1.0) -> None:
+    """Before step 0: the store is complete, every chunk passes its checksum, its selection
+    suits the loss, and a ``topk_tail_kl`` loss has a tail to learn from (at T != 1: the tail
+    mass tempered at T). Raises ``StoreError``/``InputError``."""
+    from ..store import manifest as manifest_mod
+
     store.require_complete()
+    selection = manifest_mod.selection_of(store.manifest)
+    if (selection == "sampled") != (loss == "sampled_kl"):
+        fits = "sampled_kl" if selection == "sampled" else "topk_tail_kl or topk_kl"
+        raise InputError(f"--loss {loss} does not fit store {store.uri}: it holds a {selection} selection; "
+                         f"use --loss {fits}")
+    if loss == "topk_tail_kl" and float(temperature) != 1.0:
+        have = manifest_mod.tail_temperatures_of(store.manifest)
+        if float(temperature) not in have:
+            raise InputError(
+                f"--loss topk_tail_kl at --temperature {temperature:g} needs the teacher's tail mass tempered "
+                f"at {temperature:g}, but store {store.uri} holds it at "
+                f"{', '.join(f'{T:g}' for T in have) if have else 'no temperature'}; use one of those (or 1), "
+                f"or dump with --tail-temperatures {temperature:g}")
     # open_store reads lazily; a chunk's checksum is checked when it is first opened.
     # Check them all now, so a corrupt chunk fails the run before any step, not hours in.
     for chunk in sorted(store.scan.chunks.values(), key=lambda c: c.key):

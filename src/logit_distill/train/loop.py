@@ -30,7 +30,7 @@ from ..outputs import check_output
 from ..signals import Interrupted, StopOnSignal
 from . import checkpointing, loader
 from .evaluate import evaluate, open_eval_data
-from .losses import KINDS, distill_loss
+from .losses import DEFAULT_LOSS, FIELDS, KINDS, accumulation_scales, distill_loss
 from . import schedules
 from .schedules import ALPHA_KINDS, learning_rate_schedule
 
@@ -71,20 +71,24 @@ def make_optimizer(lr_schedule, *, weight_decay: float, max_grad_norm: float, gr
     return tx
 
 
-def make_train_step(apply, tx, *, loss: str, temperature: float):
-    """``step(state, batch, alpha) -> (state, metrics)``, pure.
+def make_train_step(apply, tx, *, loss: str, temperature: float, proposal_temperature: float = 1.0):
+    """``step(state, batch, alpha, scale=1) -> (state, metrics)``, pure.
 
     ``alpha`` is a traced float32 scalar, so a CE-only run (alpha 0) and a KD
     run compile to the same function (``distill_loss`` picks the branch with
-    ``lax.cond``) and their step times compare like for like. No host syncs.
+    ``lax.cond``) and their step times compare like for like. ``scale``
+    multiplies the loss whose gradient is taken (``losses.accumulation_scales``:
+    token-weighted gradient accumulation); the metrics are unscaled. No host syncs.
     """
 
-    def loss_fn(params, batch, alpha):
+    def loss_fn(params, batch, alpha, scale):
         logits = apply(params, batch["tokens"], batch["positions"], batch["segment_ids"])
-        return distill_loss(logits, batch, kind=loss, alpha=alpha, temperature=temperature)
+        value, aux = distill_loss(logits, batch, kind=loss, alpha=alpha, temperature=temperature,
+                                  proposal_temperature=proposal_temperature)
+        return value * scale, (value, aux)
 
-    def step(state, batch, alpha):
-        (value, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, alpha)
+    def step(state, batch, alpha, scale=jnp.float32(1.0)):
+        (_, (value, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, alpha, scale)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
@@ -213,8 +217,8 @@ def train_student(
     learning_rate: float = 3e-4,
     warmup_steps: int | None = None,
     seed: int = 0,
-    loss: str = "topk_kl",
-    alpha: float = 0.5,
+    loss: str | None = None,
+    alpha: float = 1.0,
     alpha_end: float | None = None,
     alpha_schedule: str = "constant",
     temperature: float = 1.0,
@@ -232,6 +236,8 @@ def train_student(
     num_examples: int | None = None,
     keep_checkpoints: int = 3,
     max_eval_examples: int | None = None,
+    samples: int | None = None,
+    proposal_temperature: float = 1.0,
 ) -> TrainResult:
     """Train a student from a logit store (``store``) or a teacher in the loop
     (``teacher``, ``data``, ``top_k``, ``seq_len``); see docs/TRAIN.md.
@@ -240,8 +246,11 @@ def train_student(
     processes); an optimizer step takes ``grad_accum`` micro-steps, so
     ``num_steps`` optimizer steps read ``num_steps * grad_accum * batch_size``
     examples. ``warmup_steps`` defaults to ``min(100, num_steps // 10)``.
-    Online only: ``packing``, ``data_seed`` (the ExampleSource order seed, as
-    given to the dump) and ``num_examples`` (use the first n examples of the
+    ``loss`` defaults to the store's selection (``topk_tail_kl`` for a top-k
+    store, ``sampled_kl`` for a sampled one). Online only: ``packing``,
+    ``data_seed`` (the ExampleSource order seed, as given to the dump; it also
+    keys the draws of ``sampled_kl``, as in a sampled dump), ``samples`` and
+    ``proposal_temperature`` (``sampled_kl``: draws per position) and ``num_examples`` (use the first n examples of the
     data, e.g. the number the dump wrote). Re-running the same call resumes
     from the latest checkpoint in ``output``.
     """
@@ -251,6 +260,14 @@ def train_student(
                          "--eval-data": eval_data})
     online = store is None
     if online:
+        if loss is None:
+            loss = "sampled_kl" if samples is not None else DEFAULT_LOSS["topk"]
+        if loss == "sampled_kl":
+            if samples is None or int(samples) < 1:
+                raise InputError("online --loss sampled_kl needs --samples N >= 1 (draws per position)")
+            top_k = top_k if top_k is not None else int(samples)
+        elif samples is not None:
+            raise InputError("--samples applies to --loss sampled_kl")
         missing = [n for n, v in (("teacher", teacher), ("data", data), ("top_k", top_k), ("seq_len", seq_len))
                    if v is None]
         if missing:
@@ -263,7 +280,9 @@ def train_student(
                              ("log_every", log_every, 1), ("keep_checkpoints", keep_checkpoints, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
-    if loss not in KINDS:
+    if not online and samples is not None:
+        raise InputError("--samples is for online mode; a sampled store records its own N")
+    if loss is not None and loss not in KINDS:
         raise InputError(f"unknown loss {loss!r}; choose one of {', '.join(KINDS)}")
     if alpha_schedule not in ALPHA_KINDS:
         raise InputError(f"unknown alpha schedule {alpha_schedule!r}; choose one of {', '.join(ALPHA_KINDS)}")
@@ -310,7 +329,14 @@ def train_student(
         from ..store import open_store
 
         st = open_store(store)
-        loader.verify_store_for_training(st, loss=loss)
+        from ..store import manifest as manifest_mod
+
+        selection = manifest_mod.selection_of(st.manifest)
+        if loss is None:
+            loss = DEFAULT_LOSS[selection]
+        loader.verify_store_for_training(st, loss=loss, temperature=temperature)
+        if selection == "sampled":
+            proposal_temperature = float(st.manifest["shapes"]["proposal_temperature"])
         source = st
         shapes = st.manifest["shapes"]
         vocab_size, L = shapes["vocab_size"], shapes["seq_len"]
@@ -343,6 +369,14 @@ def train_student(
         "alpha_end": None if alpha_end is None else float(alpha_end), "alpha_schedule": alpha_schedule,
         "temperature": float(temperature), "process_count": process_count, "param_sharding": param_sharding,
     }
+    if loss == "sampled_kl":
+        config["proposal_temperature"] = float(proposal_temperature)
+        if online:
+            config["samples"] = int(samples)
+    if loss == "topk_kl" and float(alpha) == 1.0 and alpha_schedule == "constant" and process_index == 0:
+        print("logit-distill train: warning: --loss topk_kl with --alpha 1 gives no signal on the student's mass "
+              "outside the teacher's top-k (it stays where initialization put it); use topk_tail_kl, "
+              "sampled_kl, or alpha < 1 (docs/LOSSES.md)", file=sys.stderr, flush=True)
     config_uri = paths.join(output, CONFIG_NAME)
     existing = _read_json(config_uri)
     if existing is not None:
@@ -364,23 +398,43 @@ def train_student(
     student_model.params = None  # the state owns the weights now
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     train_step = jax.jit(
-        make_train_step(student_model.apply, tx, loss=loss, temperature=temperature),
-        in_shardings=(state_shardings, data_sharding, replicated),
+        make_train_step(student_model.apply, tx, loss=loss, temperature=temperature,
+                        proposal_temperature=proposal_temperature),
+        in_shardings=(state_shardings, data_sharding, replicated, replicated),
         out_shardings=(state_shardings, replicated),
         donate_argnums=(0,),
     )
     teacher_fn = teacher_params = None
+    tempered = loss == "topk_tail_kl" and float(temperature) != 1.0
     if online:
-        from ..topk import make_teacher_topk
+        from ..topk import make_teacher_sampled, make_teacher_topk
 
-        teacher_fn = make_teacher_topk(teacher_model.apply, int(top_k))
+        if loss == "sampled_kl":  # the dump's draws: keyed by (data seed, example index, position)
+            teacher_fn = make_teacher_sampled(teacher_model.apply, int(samples), seed=int(data_seed),
+                                              proposal_temperature=proposal_temperature)
+        else:
+            topk_fn = make_teacher_topk(teacher_model.apply, int(top_k),
+                                        tail_temperatures=(float(temperature),) if tempered else ())
+
+            def teacher_fn(params, tokens, positions, segment_ids, example_index):
+                out = topk_fn(params, tokens, positions, segment_ids)
+                if tempered:
+                    out["tail_logprob_tempered"] = out["tail_logprob_tempered"][..., 0]
+                return out
         teacher_params = shard_params(teacher_model.params, mesh, param_sharding)
-    batch_fields = loader.MODEL_FIELDS + (("topk_ids", "topk_logprobs")
-                                          + (("tail_logprob",) if loss == "topk_tail_kl" else ()))
+    batch_fields = loader.MODEL_FIELDS + FIELDS[loss] + (("tail_logprob_tempered",) if tempered else ())
+    tempered_index = None
+    sample_width = None
+    if not online:
+        if tempered:
+            tempered_index = manifest_mod.tail_temperatures_of(st.manifest).index(float(temperature))
+        if loss == "sampled_kl":
+            sample_width = int(st.manifest["shapes"]["num_samples"])
 
     num_micro = num_steps * grad_accum
     dataset = loader.build_dataset(source, seed=seed, batch_size=batch_size, num_batches=num_micro,
-                                   process_index=process_index, process_count=process_count)
+                                   process_index=process_index, process_count=process_count,
+                                   sample_width=sample_width, tempered_index=tempered_index)
     data_iter = loader.make_iterator(dataset)
 
     ckpt = checkpointing.TrainCheckpointer(output, max_to_keep=keep_checkpoints)
@@ -413,14 +467,21 @@ def train_student(
             alpha_value = float(alpha_fn(step))
             alpha_arr = jnp.asarray(alpha_value, jnp.float32)
             micro_metrics = []
+            batches = []
             for _ in range(grad_accum):
                 host = next(data_iter)
                 tokens_acc += int(np.count_nonzero(host["segment_ids"])) * process_count
                 batch = put({k: host[k] for k in batch_fields if k in host})
-                if online:  # the teacher runs on the batch, as in the dump
-                    out = teacher_fn(teacher_params, batch["tokens"], batch["positions"], batch["segment_ids"])
+                if online:  # the teacher runs on the batch, as in the dump (the same draws when sampled)
+                    index = put({"i": host["example_index"].astype(np.int32)})["i"]
+                    out = teacher_fn(teacher_params, batch["tokens"], batch["positions"], batch["segment_ids"], index)
                     batch.update({k: v for k, v in out.items() if k in batch_fields})
-                state, m = train_step(state, batch, alpha_arr)
+                batches.append(batch)
+            # Token-weighted accumulation: micro-batch i's loss is scaled by n * c_i / sum(c).
+            scales = (accumulation_scales([b["segment_ids"] for b in batches]) if grad_accum > 1
+                      else [jnp.float32(1.0)])
+            for batch, scale in zip(batches, scales):
+                state, m = train_step(state, batch, alpha_arr, scale)
                 micro_metrics.append(m)
             done = step + 1
             if pending is not None:

@@ -20,7 +20,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-KINDS = ("topk_kl", "topk_tail_kl")
+KINDS = ("topk_kl", "topk_tail_kl", "sampled_kl")
+# The default loss of each store selection (docs/LOSSES.md, "Which loss").
+DEFAULT_LOSS = {"topk": "topk_tail_kl", "sampled": "sampled_kl"}
 
 __all__ = [
     "KINDS",
@@ -28,10 +30,13 @@ __all__ = [
     "next_token_targets",
     "topk_kl_per_token",
     "topk_tail_kl_per_token",
+    "sampled_kl_per_token",
     "cross_entropy_per_token",
     "topk_kl",
     "topk_tail_kl",
+    "sampled_kl",
     "cross_entropy",
+    "accumulation_scales",
     "distill_loss",
 ]
 
@@ -125,28 +130,80 @@ def _student_tail_logit(logits: jax.Array, topk_ids: jax.Array) -> jax.Array:
 
 
 def topk_tail_kl_per_token(
-    logits, topk_ids, topk_logprobs, tail_logprob, *, temperature=1.0
+    logits, topk_ids, topk_logprobs, tail_logprob, *, temperature=1.0, tempered_tail=None
 ) -> jax.Array:
     """float32 ``[B, L]``: ``T^2 * KL`` over k + 1 bins (the k ids + "everything else").
 
-    Bin log-weights, both at T = 1 (exact coarse-grainings of the full
-    distributions): teacher ``[topk_logprobs, tail_logprob]``; student
-    ``[logits[topk_ids], logsumexp(logits outside topk_ids)]`` (the student's
-    full-vocab log-softmax at the k ids and its remaining mass, up to the
-    common normaliser that the softmax cancels). Temperature divides the bin
-    log-weights of both sides the same way, so the loss is 0 iff the student's
-    k+1 bins equal the teacher's, at any T. No mask applied.
+    With ``tempered_tail`` (the teacher's stored ``log sum_{tail} p_T``, its
+    tail mass at temperature T, from ``dump --tail-temperatures``) the bins are
+    exact coarse-grainings of the tempered distributions: teacher
+    ``[log p_T(i_1..i_k), log p_T(tail)]``, student ``[log q_T(i_1..i_k),
+    log q_T(tail)]`` with ``q_T = softmax(logits / T)`` over the full vocabulary.
+
+    Without it, bin log-weights at T = 1 (teacher ``[topk_logprobs,
+    tail_logprob]``, student ``[logits[topk_ids], logsumexp(logits outside)]``)
+    are divided by T, which tempers the tail as if it were one token: exact at
+    T = 1 only (the training loop refuses T != 1 without the stored value). The
+    loss is 0 iff the student's k+1 bins equal the teacher's. No mask applied.
     """
     z_ids = _gather(logits, topk_ids)
-    s = jnp.concatenate([z_ids, _student_tail_logit(logits, topk_ids)[..., None]], axis=-1)
-    t = jnp.concatenate(
-        [
-            jnp.asarray(topk_logprobs, jnp.float32),
-            jnp.asarray(tail_logprob, jnp.float32)[..., None],
-        ],
-        axis=-1,
-    )
-    return _kl_from_bin_logits(t, s, temperature)
+    if tempered_tail is None:
+        s = jnp.concatenate([z_ids, _student_tail_logit(logits, topk_ids)[..., None]], axis=-1)
+        t = jnp.concatenate(
+            [
+                jnp.asarray(topk_logprobs, jnp.float32),
+                jnp.asarray(tail_logprob, jnp.float32)[..., None],
+            ],
+            axis=-1,
+        )
+        return _kl_from_bin_logits(t, s, temperature)
+    T = jnp.asarray(temperature, jnp.float32)
+    # Student: tempered logits; its tail bin is logsumexp of the tempered logits outside the ids.
+    z_t = jnp.asarray(logits).astype(jnp.float32) / T
+    s = jnp.concatenate([z_ids / T, _student_tail_logit(z_t, topk_ids)[..., None]], axis=-1)
+    # Teacher: the top-k ids share the tempered mass 1 - m_T in proportion to p^(1/T).
+    lp_t = jnp.asarray(topk_logprobs, jnp.float32) / T
+    log_m = jnp.minimum(jnp.asarray(tempered_tail, jnp.float32), 0.0)
+    log_rest = jnp.log(-jnp.expm1(log_m))  # log(1 - m_T), exact also when m_T is small
+    top = lp_t - _safe_logsumexp(lp_t, axis=-1)[..., None] + log_rest[..., None]
+    t = jnp.concatenate([top, log_m[..., None]], axis=-1)
+    return _kl_from_bin_logits(t, s, 1.0) * (T * T)
+
+
+def sampled_kl_per_token(
+    logits, sample_ids, sample_counts, sample_logprobs, *, temperature=1.0, proposal_temperature=1.0
+) -> jax.Array:
+    """float32 ``[B, L]``: importance-weighted estimate of ``T^2 * KL(p_T || q_T)`` from samples.
+
+    Per position the store holds S slots: distinct ids drawn (with replacement,
+    N draws) from the teacher tempered by the proposal temperature t, their
+    counts (0 in unused slots) and the teacher's untempered log-probs ``l``.
+    Weights (self-normalized; exactly ``count / N`` when t = T)::
+
+        w_v = count_v * p(v)^(1/T - 1/t) / sum_u count_u * p(u)^(1/T - 1/t)
+
+    Estimate: ``T^2 * sum_v w_v (log p_T(v) - log q_T(v))`` with
+    ``q_T = softmax(logits / T)`` over the full vocabulary and ``log p_T(v) =
+    l_v / T - log Z_T``, ``Z_T`` estimated from the same samples (exactly 0
+    at T = 1). Its gradient with respect to the logits, ``T * (q_T - sum_v w_v
+    e_v)``, is an unbiased estimate of the full-distribution KD gradient
+    ``T * (q_T - p_T)`` when t = T. No mask applied; a position needs at least
+    one slot with a count > 0.
+    """
+    T = jnp.asarray(temperature, jnp.float32)
+    t = jnp.asarray(proposal_temperature, jnp.float32)
+    c = jnp.asarray(sample_counts, jnp.float32)
+    lp = jax.lax.stop_gradient(jnp.asarray(sample_logprobs, jnp.float32))
+    used = c > 0
+    log_c = jnp.where(used, jnp.log(jnp.where(used, c, 1.0)), -jnp.inf)
+    logw = jnp.where(used, log_c + (1.0 / T - 1.0 / t) * lp, -jnp.inf)
+    log_norm = _safe_logsumexp(logw, axis=-1)
+    w = jnp.exp(logw - log_norm[..., None])
+    log_z = log_norm - _safe_logsumexp(jnp.where(used, log_c + (1.0 - 1.0 / t) * lp, -jnp.inf), axis=-1)
+    z = jnp.asarray(logits).astype(jnp.float32) / T
+    log_q = _gather(z, sample_ids) - _safe_logsumexp(z, axis=-1)[..., None]
+    diff = jnp.where(used, lp / T - log_z[..., None] - log_q, 0.0)
+    return jnp.sum(jnp.where(used, w * diff, 0.0), axis=-1) * (T * T)
 
 
 def cross_entropy_per_token(logits, targets) -> jax.Array:
@@ -189,10 +246,27 @@ def topk_kl(logits, topk_ids, topk_logprobs, mask, *, temperature=1.0):
     return _masked_mean(topk_kl_per_token(logits, ids, lp, temperature=temperature), mask)
 
 
-def topk_tail_kl(logits, topk_ids, topk_logprobs, tail_logprob, mask, *, temperature=1.0):
+def topk_tail_kl(logits, topk_ids, topk_logprobs, tail_logprob, mask, *, temperature=1.0,
+                 tempered_tail=None):
     """Mean of :func:`topk_tail_kl_per_token` over ``mask``; returns ``(loss, count)``."""
     ids, lp, tail = _sanitize_teacher(mask, topk_ids, topk_logprobs, tail_logprob)
-    per = topk_tail_kl_per_token(logits, ids, lp, tail, temperature=temperature)
+    if tempered_tail is not None:
+        tempered_tail = jnp.where(jnp.asarray(mask, bool), jnp.asarray(tempered_tail, jnp.float32), -1.0)
+    per = topk_tail_kl_per_token(logits, ids, lp, tail, temperature=temperature, tempered_tail=tempered_tail)
+    return _masked_mean(per, mask)
+
+
+def sampled_kl(logits, sample_ids, sample_counts, sample_logprobs, mask, *, temperature=1.0,
+               proposal_temperature=1.0):
+    """Mean of :func:`sampled_kl_per_token` over ``mask``; returns ``(loss, count)``."""
+    m = jnp.asarray(mask, bool)
+    ids = jnp.where(m[..., None], jnp.asarray(sample_ids, jnp.int32), 0)
+    lp = jnp.where(m[..., None], jnp.asarray(sample_logprobs, jnp.float32), 0.0)
+    # A masked position gets one harmless slot (count 1), so nothing there is NaN.
+    first = jnp.arange(jnp.shape(sample_counts)[-1]) == 0
+    counts = jnp.where(m[..., None], jnp.asarray(sample_counts, jnp.int32), first.astype(jnp.int32))
+    per = sampled_kl_per_token(logits, ids, counts, lp, temperature=temperature,
+                               proposal_temperature=proposal_temperature)
     return _masked_mean(per, mask)
 
 
@@ -209,10 +283,23 @@ def cross_entropy(logits, tokens, mask):
 # ---------------------------------------------------------------- combined
 
 
-def _kd(kind, logits, batch, mask, temperature):
+# Teacher fields each loss reads from the batch (``tail_logprob_tempered`` is optional).
+FIELDS = {
+    "topk_kl": ("topk_ids", "topk_logprobs"),
+    "topk_tail_kl": ("topk_ids", "topk_logprobs", "tail_logprob"),
+    "sampled_kl": ("sample_ids", "sample_counts", "sample_logprobs"),
+}
+
+
+def _kd(kind, logits, batch, mask, temperature, proposal_temperature):
     if kind == "topk_kl":
         return topk_kl(
             logits, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=temperature
+        )[0]
+    if kind == "sampled_kl":
+        return sampled_kl(
+            logits, batch["sample_ids"], batch["sample_counts"], batch["sample_logprobs"], mask,
+            temperature=temperature, proposal_temperature=proposal_temperature,
         )[0]
     return topk_tail_kl(
         logits,
@@ -221,6 +308,7 @@ def _kd(kind, logits, batch, mask, temperature):
         batch["tail_logprob"],
         mask,
         temperature=temperature,
+        tempered_tail=batch.get("tail_logprob_tempered"),
     )[0]
 
 
@@ -231,12 +319,16 @@ def distill_loss(
     kind: str = "topk_kl",
     alpha=0.5,
     temperature=1.0,
+    proposal_temperature=1.0,
 ):
     """``loss = alpha * kd + (1 - alpha) * ce``; returns ``(loss, metrics)``.
 
     ``batch`` holds ``tokens``, ``segment_ids`` and (unless ``alpha`` is a
-    Python/NumPy 0) ``topk_ids``, ``topk_logprobs`` and, for ``topk_tail_kl``,
-    ``tail_logprob``. ``metrics`` = ``{"kd_loss", "ce_loss", "num_tokens"}``
+    Python/NumPy 0) the teacher fields of ``kind`` (``FIELDS``):
+    ``topk_ids``, ``topk_logprobs`` and, for ``topk_tail_kl``,
+    ``tail_logprob`` (plus ``tail_logprob_tempered`` at T != 1); for
+    ``sampled_kl`` ``sample_ids``, ``sample_counts``, ``sample_logprobs``
+    (drawn at ``proposal_temperature``). ``metrics`` = ``{"kd_loss", "ce_loss", "num_tokens"}``
     (``kd_loss`` is unscaled by alpha, and already includes the T^2 factor).
 
     ``alpha`` may be a traced scalar (a schedule). When it is 0 the loss and its
@@ -255,7 +347,7 @@ def distill_loss(
     mask = next_token_mask(batch["segment_ids"])
     ce, count = cross_entropy(logits, batch["tokens"], mask)
 
-    needed = ("topk_ids", "topk_logprobs") + (("tail_logprob",) if kind == "topk_tail_kl" else ())
+    needed = FIELDS[kind]
     missing = [k for k in needed if k not in batch]
     try:
         concrete_zero = float(alpha) == 0.0
@@ -272,12 +364,31 @@ def distill_loss(
     alpha = jnp.asarray(alpha, jnp.float32)
 
     def ce_only(z):
-        kd = _kd(kind, jax.lax.stop_gradient(z), batch, mask, temperature)
+        kd = _kd(kind, jax.lax.stop_gradient(z), batch, mask, temperature, proposal_temperature)
         return ce, kd
 
     def mixed(z):
-        kd = _kd(kind, z, batch, mask, temperature)
+        kd = _kd(kind, z, batch, mask, temperature, proposal_temperature)
         return alpha * kd + (1.0 - alpha) * ce, kd
 
     loss, kd = jax.lax.cond(alpha == 0.0, ce_only, mixed, logits)
     return loss, {"kd_loss": kd, "ce_loss": ce, "num_tokens": count}
+
+
+# ------------------------------------------------------- gradient accumulation
+
+
+def accumulation_scales(segment_ids_list) -> list:
+    """Loss scales that make ``optax.MultiSteps`` token-weighted.
+
+    MultiSteps averages the gradients of ``n`` micro-batches, each the gradient
+    of a mean over that micro-batch's valid tokens ``c_i``. Scaling micro-batch
+    ``i``'s loss by ``n * c_i / sum_j c_j`` turns the average into the gradient
+    of (sum of per-token losses over all micro-batches) / (their total valid
+    tokens), as if they were one batch. Returns float32 scalars (traced-safe:
+    global arrays give global counts).
+    """
+    counts = [jnp.sum(next_token_mask(s), dtype=jnp.int32).astype(jnp.float32) for s in segment_ids_list]
+    total = sum(counts)
+    n = len(counts)
+    return [jnp.where(total > 0, n * c / jnp.maximum(total, 1.0), 1.0) for c in counts]

@@ -106,6 +106,59 @@ def _spot_fn(apply, k: int):
     return fn
 
 
+def _sampled_spot_fn(apply):
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def fn(params, tokens, positions, segment_ids, stored_ids):
+        logits = apply(params, tokens, positions, segment_ids).astype(jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        return jnp.take_along_axis(logits, stored_ids, axis=-1) - lse
+
+    return fn
+
+
+def _check_teacher_sampled(ctx: _Ctx, loaded, todo: list, kept: dict, atol: float | None, chk: _Check) -> None:
+    """The sampled ids' stored log-probs equal the recomputed teacher's log-probs of those ids."""
+    bound = atol if atol is not None else (
+        codec_mod.SAMPLED_LOGPROB_MAX_ERROR + 1e-4 if ctx.codec == "default" else 1e-4)
+    floor = codec_mod.SAMPLED_LOGPROB_FLOOR if ctx.codec == "default" else -np.inf
+    fn = _sampled_spot_fn(loaded.apply)
+    N = int(ctx.manifest["shapes"]["num_samples"])
+    max_err, positions_bad = 0.0, 0
+    bs = min(8, len(todo))
+    for first in range(0, len(todo), bs):
+        group = todo[first:first + bs]
+        recs = [kept[g][0] for g, _, _ in group]
+        recs += [recs[-1]] * (bs - len(recs))
+        stack = {key: np.stack([r[key] for r in recs]) for key in ("tokens", "positions", "segment_ids")}
+        # One shape, one compilation: pad every record's slots to N.
+        ids = np.stack([np.pad(r["sample_ids"], ((0, 0), (0, N - r["sample_ids"].shape[1]))) for r in recs])
+        lps = np.stack([np.pad(r["sample_logprobs"], ((0, 0), (0, N - r["sample_ids"].shape[1]))) for r in recs])
+        used = np.stack([np.pad(r["sample_counts"], ((0, 0), (0, N - r["sample_ids"].shape[1]))) for r in recs]) > 0
+        out = np.asarray(fn(loaded.params, stack["tokens"], stack["positions"], stack["segment_ids"],
+                            np.clip(ids, 0, ctx.vocab - 1).astype(np.int32)))
+        for j, (g, chunk, record) in enumerate(group):
+            with np.errstate(invalid="ignore"):
+                d = np.where(used[j], np.abs(lps[j] - np.maximum(out[j], floor)), 0.0)
+            err = np.where(np.isnan(d), np.inf, d).max(-1)
+            max_err = max(max_err, float(err.max()))
+            bad = np.flatnonzero(err > bound)
+            positions_bad += int(bad.size)
+            if bad.size:
+                pos = int(bad[0])
+                chk.add("mismatch", f"{ctx.chunk_uri(chunk)} record {record} (example {g}): {bad.size} of "
+                                    f"{ctx.seq_len} positions differ from the recomputed teacher (first at position "
+                                    f"{pos}: |Δ log-prob| {float(err[pos]):.3g} > bound {bound:.2g}); logits "
+                                    "misaligned with the tokens, or another teacher",
+                        chunk=chunk.name, record=record, example=g, position=pos)
+    chk.details.update(examples_compared=len(todo), bound=bound, max_abs_error=max_err,
+                       positions_mismatched=positions_bad)
+    chk.ok_message = (f"{len(todo)} sampled examples: the sampled ids' log-probs agree with the recomputed teacher "
+                      f"(max |Δ log-prob| {max_err:.2g} <= {bound:.2g})")
+
+
 def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | None, chk: _Check) -> None:
     content = ctx.manifest.get("content") or {}
     want_id = content.get("teacher") if isinstance(content, dict) else None
@@ -122,6 +175,8 @@ def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | N
     if not todo:
         chk.add("nothing", "no sampled example could be decoded (see records)")
         return
+    if ctx.manifest["shapes"].get("selection") == "sampled":
+        return _check_teacher_sampled(ctx, loaded, todo, kept, atol, chk)
     fn = _spot_fn(loaded.apply, ctx.top_k)
     bs = min(8, len(todo))
     floor = codec_mod.LOGPROB_FLOOR if ctx.codec == "default" else -np.inf

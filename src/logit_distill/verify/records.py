@@ -15,7 +15,10 @@ POSITIVE_ATOL = 1e-6  # a log-prob may exceed 0 by float32 rounding only
 
 def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkResult) -> None:
     """Decode a batch of records and check them with vectorized numpy."""
+    if ctx.manifest["shapes"].get("selection") == "sampled":
+        return _check_sampled_batch(ctx, chunk, first, raws, res)
     n, L, k, V = len(raws), ctx.seq_len, ctx.top_k, ctx.vocab
+    m = len(ctx.manifest["shapes"].get("tail_temperatures", []))
     uri = ctx.chunk_uri(chunk)
     chk = res.records
     ids = np.zeros((n, L, k), np.int32)
@@ -43,7 +46,8 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         try:
             h = codec_mod.decode_header(raw)
             bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
-                ("codec", ctx.codec), ("seq_len", L), ("top_k", k), ("id_bits", ctx.id_bits)) if h[key] != want]
+                ("codec", ctx.codec), ("selection", "topk"), ("seq_len", L), ("top_k", k), ("id_bits", ctx.id_bits),
+                ("aux", m)) if h[key] != want]
             if bad:
                 chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
                         **where(i))
@@ -65,6 +69,13 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         dtype_ok &= (rec["topk_ids"].dtype == np.int32 and rec["tokens"].dtype == np.int32
                      and rec["topk_logprobs"].dtype == np.float32 and rec["tail_logprob"].dtype == np.float32)
         ids[i], lp[i], tail[i] = rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"]
+        if m:
+            tempered = rec["tail_logprob_tempered"]
+            bad_t = np.isnan(tempered).any(-1) | (tempered > POSITIVE_ATOL).any(-1)
+            if bad_t.any():
+                pos = int(np.argmax(bad_t))
+                chk.add("tail_tempered", f"{label(i)}: tempered tail log-prob NaN or > 0 at position {pos}",
+                        **where(i, pos))
         tokens[i], seg[i] = rec["tokens"], rec["segment_ids"]
         index[i], tags[i] = int(rec["example_index"]), int(rec["store_tag"])
         g = wanted.get(first + i)
@@ -129,3 +140,81 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         res.sums["entropy"] += float(ent[use].sum(dtype=np.float64))
         res.sums["topk_mass"] += float(mass[use].sum(dtype=np.float64))
     res.records_checked += int(ok.sum())
+
+
+def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkResult) -> None:
+    """The checks of a sampled store's records: counts sum to N, ids distinct and in the vocabulary,
+    log-probs finite and <= 0, plus the record-level fields."""
+    n, L, V = len(raws), ctx.seq_len, ctx.vocab
+    N = int(ctx.manifest["shapes"]["num_samples"])
+    uri = ctx.chunk_uri(chunk)
+    chk = res.records
+    wanted = ctx.wanted.get(chunk.name, {})
+    expected_index = ctx.global_index(chunk, np.arange(first, first + n, dtype=np.int64))
+    count_bits = 0 if ctx.codec == "exact" else codec_mod.count_bits_for(N)
+
+    def where(i: int, position: int | None = None) -> dict:
+        w = {"chunk": chunk.name, "record": int(first + i), "example": int(expected_index[i])}
+        if position is not None:
+            w["position"] = int(position)
+        return w
+
+    def label(i: int) -> str:
+        return f"{uri} record {first + i} (example {int(expected_index[i])})"
+
+    checked = 0
+    for i, raw in enumerate(raws):
+        try:
+            h = codec_mod.decode_header(raw)
+            bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
+                ("codec", ctx.codec), ("selection", "sampled"), ("seq_len", L), ("id_bits", ctx.id_bits),
+                ("aux", count_bits)) if h[key] != want]
+            if h["top_k"] > N:
+                bad.append(f"width {h['top_k']} (manifest: at most N = {N})")
+            if bad:
+                chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
+                        **where(i))
+                continue
+            rec = codec_mod.decode_record(raw)
+        except StoreError as e:
+            chk.add("decode", f"{label(i)}: cannot be decoded: {e}", **where(i))
+            continue
+        checked += 1
+        if codec_mod.token_hash(rec["tokens"]).hex() != rec["token_hash"]:
+            chk.add("token_hash", f"{label(i)}: token hash does not match its tokens (corrupt tokens)", **where(i))
+        if int(rec["example_index"]) != int(expected_index[i]):
+            chk.add("example_index", f"{label(i)}: holds example {int(rec['example_index'])}; its position in the "
+                                     f"store is example {int(expected_index[i])} (misplaced or shifted records)",
+                    **where(i))
+        if int(rec["store_tag"]) != ctx.tag:
+            chk.add("store_tag", f"{label(i)}: belongs to another store (tag {int(rec['store_tag']):08x}, this "
+                                 f"store's is {ctx.tag:08x}): a chunk of another configuration was copied in",
+                    **where(i))
+        ids, counts, lp = rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"]
+        used = counts > 0
+        big = np.where(used, ids.view(np.uint32), 0)
+        s = np.sort(np.where(used, ids.astype(np.int64), -1 - np.arange(ids.shape[1])), axis=-1)
+        with np.errstate(invalid="ignore"):
+            per_position = {
+                "token_range": (rec["tokens"].view(np.uint32) >= V, f"token id outside [0, {V})"),
+                "count_sum": (counts.sum(-1) != N, f"sample counts do not sum to N = {N}"),
+                "id_range": ((big >= V).any(-1), f"sampled id outside [0, {V})"),
+                "id_distinct": ((s[..., 1:] == s[..., :-1]).any(-1), "repeated sampled id"),
+                "logprob_finite": ((used & ~np.isfinite(lp)).any(-1), "non-finite sampled log-prob"),
+                "logprob_positive": ((used & (lp > POSITIVE_ATOL)).any(-1), "sampled log-prob > 0"),
+            }
+        for kind, (mask, text) in per_position.items():
+            if mask.any():
+                pos = int(np.argmax(mask))
+                chk.add(kind, f"{label(i)}: {text} at position {pos}", **where(i, pos))
+        g = wanted.get(first + i)
+        if g is not None:
+            res.kept[g] = (rec, first + i)
+        real = rec["segment_ids"] != 0
+        # Entropy estimate: the mean of -log p over the draws (unbiased at proposal temperature 1).
+        w = counts / max(N, 1)
+        res.sums["tokens"] += int(real.sum())
+        res.sums["entropy"] += float(-(w * lp).sum(-1)[real].sum(dtype=np.float64))
+        res.sums["topk_mass"] += float(np.where(used, np.exp(lp), 0.0).sum(-1)[real].sum(dtype=np.float64))
+    res.sums["positions"] += checked * L
+    res.records_checked += checked

@@ -1,0 +1,315 @@
+"""Sampled stores: on-device draws, their codec, dump resume/refusal, verify, the sampled loss
+(unbiasedness against the full-distribution KL gradient), online sampling, exact tempered tails
+and token-weighted gradient accumulation; float64 NumPy references throughout."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dump_helpers import chunk_bytes, cli, dump_args, teacher_dir, write_corpus
+from logit_distill import codec, store
+from logit_distill.dump import DumpConfig, run_dump
+from logit_distill.errors import ConfigMismatchError, InputError
+from logit_distill.topk import sample_keys, select_sampled, select_topk
+from logit_distill.train import losses as L
+
+
+def np_log_softmax(x, axis=-1):
+    x = np.asarray(x, np.float64)
+    m = x.max(axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis, keepdims=True))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sampled")
+    return {"teacher": teacher_dir(root), "data": write_corpus(root / "corpus.jsonl"), "root": root}
+
+
+def _config(setup, output, **kw):
+    base = dict(teacher=setup["teacher"], data=setup["data"], output=output, seq_len=32, batch_size=4,
+                num_steps=6, steps_per_file=2, progress=False, selection="sampled", samples=16)
+    base.update(kw)
+    return DumpConfig(**base)
+
+
+# ------------------------------------------------------------------ selection and codec
+
+
+def test_draws_are_keyed_by_example_and_position_and_follow_the_teacher():
+    rng = np.random.default_rng(0)
+    V, N = 12, 16
+    logits = jnp.asarray(rng.normal(size=(1, 1, V)) * 1.5, jnp.float32)
+    # One position seen by 3000 examples: the pooled draws follow softmax(logits).
+    many = jnp.broadcast_to(logits, (3000, 1, V))
+    out = jax.jit(select_sampled, static_argnums=1)(many, N, sample_keys(5, jnp.arange(3000), 1))
+    ids, counts, lp = (np.asarray(out[k]) for k in ("sample_ids", "sample_counts", "sample_logprobs"))
+    assert (counts.sum(-1) == N).all()
+    used = counts > 0
+    assert all((np.diff(ids[i, 0][used[i, 0]]) > 0).all() for i in range(50))  # distinct, ascending
+    p = np.exp(np_log_softmax(np.asarray(logits[0, 0])))
+    np.testing.assert_allclose(lp[used], np.log(p)[ids[used]], atol=1e-5)
+    freq = np.bincount(ids[used], weights=counts[used], minlength=V) / (3000 * N)
+    se = np.sqrt(p * (1 - p) / (3000 * N))
+    assert (np.abs(freq - p) < 4 * se + 1e-9).all(), (freq, p)
+    # The draws of (seed, example, position) do not depend on the batch they are computed in.
+    single = select_sampled(logits, N, sample_keys(5, jnp.array([7]), 1))
+    np.testing.assert_array_equal(np.asarray(single["sample_ids"][0]), ids[7])
+    other_seed = select_sampled(logits, N, sample_keys(6, jnp.array([7]), 1))
+    assert not np.array_equal(np.asarray(other_seed["sample_counts"][0]), counts[7])
+
+
+@pytest.mark.parametrize("codec_name", ["exact", "default"])
+def test_sampled_record_round_trip(codec_name):
+    rng = np.random.default_rng(1)
+    Lq, V, N = 9, 300, 32
+    out = select_sampled(jnp.asarray(rng.normal(size=(1, Lq, V)) * 3, jnp.float32), N,
+                         sample_keys(0, jnp.array([4]), Lq))
+    ids, counts, lp = (np.asarray(out[k][0]) for k in ("sample_ids", "sample_counts", "sample_logprobs"))
+    raw = codec.encode_record(codec_name, example_index=4, tokens=rng.integers(0, V, Lq), segment_ids=np.ones(Lq),
+                              positions=np.arange(Lq), vocab_size=V, sample_ids=ids, sample_counts=counts,
+                              sample_logprobs=lp, num_samples=N)
+    rec = codec.decode_record(raw)
+    S = int((counts > 0).sum(-1).max())
+    assert rec["sample_ids"].shape == (Lq, S) and codec.decode_header(raw)["selection"] == "sampled"
+    np.testing.assert_array_equal(rec["sample_ids"], ids[:, :S])
+    np.testing.assert_array_equal(rec["sample_counts"], counts[:, :S])
+    tol = 0 if codec_name == "exact" else codec.SAMPLED_LOGPROB_MAX_ERROR
+    assert np.abs(rec["sample_logprobs"] - lp[:, :S]).max() <= tol + 1e-7
+    with pytest.raises(Exception):
+        codec.decode_record(raw[:-1])
+    holes = counts.copy()
+    holes[0, 0] = 0  # an unused slot before a used one
+    with pytest.raises(ValueError, match="must come first"):
+        codec.encode_record(codec_name, example_index=4, tokens=np.zeros(Lq), segment_ids=np.ones(Lq),
+                            positions=np.arange(Lq), vocab_size=V, sample_ids=ids, sample_counts=holes,
+                            sample_logprobs=lp, num_samples=N)
+
+
+# ------------------------------------------------------------------ dump, resume, verify
+
+
+def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
+    from logit_distill.verify import verify_store
+
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "s")
+    r = run_dump(_config(setup, ref))
+    assert r.complete and r.bytes_per_position > 0
+    before = chunk_bytes(ref)
+    # Killed (SIGKILL once a chunk is committed) and re-run: the same bytes as uninterrupted.
+    args = dump_args(setup["teacher"], setup["data"], out, selection="sampled", samples=16, num_steps=6,
+                     **{"top-k": None})
+    proc = subprocess.Popen([sys.executable, "-m", "logit_distill.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (
+            os.path.isdir(out) and any(n.startswith("chunk-") for n in os.listdir(out))):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert chunk_bytes(out) == before
+    s = store.open_store(ref)
+    rec = s.read(5)
+    assert (rec["sample_counts"].sum(-1) == 16).all()
+    report = verify_store(ref, teacher=setup["teacher"], spot_check=2, progress=False)
+    assert report.passed, report.failure_line()
+    # Another N or selection is refused; nothing changes.
+    with pytest.raises(ConfigMismatchError, match="shapes.num_samples"):
+        run_dump(_config(setup, ref, samples=8))
+    with pytest.raises(ConfigMismatchError, match="shapes.selection"):
+        run_dump(_config(setup, ref, selection="topk", samples=None, top_k=8))
+    with pytest.raises(InputError, match="--samples"):
+        run_dump(_config(setup, str(tmp_path / "x"), samples=None))
+    assert chunk_bytes(ref) == before
+
+
+def test_verify_catches_counts_that_do_not_sum_to_n(tmp_path):
+    from logit_distill.verify import verify_store
+
+    manifest = store.build_manifest(seq_len=8, top_k=4, vocab_size=50, codec="exact", num_steps=1,
+                                    examples_per_step=2, steps_per_file=1, selection="sampled", num_samples=4,
+                                    content={"teacher": "synthetic"})
+    uri = str(tmp_path / "s")
+    store.init_store(uri, manifest)
+    ids = np.tile(np.array([3, 9, 0, 0], np.int32), (2, 8, 1))
+    counts = np.tile(np.array([1, 3, 0, 0], np.int32), (2, 8, 1))
+    lp = np.tile(np.array([-2.0, -0.5, 0, 0], np.float32), (2, 8, 1))
+    counts[1, 5] = [1, 2, 0, 0]  # sums to 3, not 4
+    step = {"tokens": np.zeros((2, 8), np.int32), "segment_ids": np.ones((2, 8), np.int32),
+            "positions": np.tile(np.arange(8, dtype=np.int32), (2, 1)), "sample_ids": ids, "sample_counts": counts,
+            "sample_logprobs": lp, "example_index": np.arange(2)}
+    store.write_examples(uri, manifest, 0, {0: step})
+    report = verify_store(uri, progress=False)
+    assert not report.passed and "do not sum to N = 4" in report.failure_line()
+    assert "example 1" in report.failure_line() and "position 5" in report.failure_line()
+
+
+# ------------------------------------------------------------------ the sampled loss
+
+
+def test_sampled_kl_matches_float64_reference():
+    rng = np.random.default_rng(3)
+    V, N, Lq = 40, 16, 5
+    t_logits = rng.normal(size=(1, Lq, V)) * 2
+    z = rng.normal(size=(1, Lq, V)).astype(np.float32)
+    out = select_sampled(jnp.asarray(t_logits, jnp.float32), N, sample_keys(1, jnp.array([0]), Lq))
+    ids, counts, lp = (np.asarray(out[k][0]) for k in ("sample_ids", "sample_counts", "sample_logprobs"))
+    for T, t in ((1.0, 1.0), (2.0, 2.0), (2.0, 1.0)):
+        got = np.asarray(L.sampled_kl_per_token(z, ids[None], counts[None], lp[None], temperature=T,
+                                                proposal_temperature=t))[0]
+        for j in range(Lq):
+            u = counts[j] > 0
+            lpj = lp[j][u].astype(np.float64)
+            c = counts[j][u].astype(np.float64)
+            w = c * np.exp((1 / T - 1 / t) * lpj)
+            w /= w.sum()
+            log_z = np.log((c * np.exp((1 / T - 1 / t) * lpj)).sum() / (c * np.exp((1 - 1 / t) * lpj)).sum())
+            log_q = np_log_softmax(z[0, j] / T)[ids[j][u]]
+            want = T * T * (w * (lpj / T - log_z - log_q)).sum()
+            np.testing.assert_allclose(got[j], want, rtol=2e-5, atol=2e-6)
+
+
+def test_sampled_kl_gradient_is_unbiased_and_topk_kl_is_not():
+    rng = np.random.default_rng(4)
+    V, N, K, draws = 20, 8, 5, 4000
+    teacher = jnp.asarray(rng.normal(size=(V,)) * 1.5, jnp.float32)
+    z = rng.normal(size=(V,)).astype(np.float32)
+    p = np.exp(np_log_softmax(np.asarray(teacher)))
+    full_grad = np.exp(np_log_softmax(z)) - p  # d KL(p || softmax(z)) / dz
+    # `draws` independent sample sets: one position each of `draws` examples.
+    out = select_sampled(jnp.broadcast_to(teacher, (draws, 1, V)), N, sample_keys(9, jnp.arange(draws), 1))
+    zs = jnp.broadcast_to(jnp.asarray(z), (draws, 1, V))
+    per = lambda zz: L.sampled_kl_per_token(zz, out["sample_ids"], out["sample_counts"],  # noqa: E731
+                                            out["sample_logprobs"]).sum()
+    g = np.asarray(jax.jit(jax.grad(per))(zs))[:, 0]  # [draws, V]
+    mean, se = g.mean(0), g.std(0, ddof=1) / np.sqrt(draws)
+    assert (np.abs(mean - full_grad) <= 3 * se).all(), np.abs(mean - full_grad) / se
+    sel = select_topk(teacher[None, None], K)
+    g_topk = np.asarray(jax.grad(lambda zz: L.topk_kl_per_token(zz, sel["topk_ids"], sel["topk_logprobs"]).sum())(
+        jnp.asarray(z)[None, None]))[0, 0]
+    assert (np.abs(g_topk - full_grad) > 3 * se).any()
+    assert np.abs(g_topk - full_grad).max() > 10 * se.max()
+
+
+# ------------------------------------------------------------------ tempered tails
+
+
+@pytest.mark.parametrize("T", [2.0, 4.0, 0.5])
+def test_topk_tail_kl_with_stored_tempered_tail_is_exact(T):
+    rng = np.random.default_rng(5)
+    V, K, Lq = 60, 6, 4
+    t_logits = rng.normal(size=(1, Lq, V)) * 2
+    z = (rng.normal(size=(1, Lq, V)) * 2).astype(np.float32)
+    sel = {k: np.asarray(v) for k, v in select_topk(jnp.asarray(t_logits, jnp.float32), K, (T,)).items()}
+    got = np.asarray(L.topk_tail_kl_per_token(z, sel["topk_ids"], sel["topk_logprobs"], sel["tail_logprob"],
+                                              temperature=T, tempered_tail=sel["tail_logprob_tempered"][..., 0]))[0]
+    for j in range(Lq):
+        pt = np.exp(np_log_softmax(t_logits[0, j] / T))  # the tempered teacher, float64
+        qt = np.exp(np_log_softmax(z[0, j].astype(np.float64) / T))
+        ids = sel["topk_ids"][0, j]
+        rest = np.setdiff1d(np.arange(V), ids)
+        P = np.append(pt[ids], pt[rest].sum())
+        Q = np.append(qt[ids], qt[rest].sum())
+        np.testing.assert_allclose(np.log(pt[rest].sum()), sel["tail_logprob_tempered"][0, j, 0], atol=1e-5)
+        np.testing.assert_allclose(got[j], T * T * (P * np.log(P / Q)).sum(), rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ gradient accumulation
+
+
+def test_accumulation_is_token_weighted():
+    from logit_distill.train.loop import make_train_step
+
+    rng = np.random.default_rng(6)
+    V, Lq = 11, 8
+
+    def apply(params, tokens, positions, segment_ids):
+        return params["emb"][tokens]
+
+    params = {"emb": jnp.asarray(rng.normal(size=(V, V)), jnp.float32)}
+    seg_a = np.zeros((1, Lq), np.int32)
+    seg_a[0, :2] = 1  # one valid token
+    seg_b = np.ones((1, Lq), np.int32)  # seven
+    batches = []
+    for s in (seg_a, seg_b):
+        sel = select_topk(jnp.asarray(rng.normal(size=(1, Lq, V)), jnp.float32), 3)
+        batches.append({"tokens": rng.integers(0, V, (1, Lq)).astype(np.int32), "segment_ids": s,
+                        "positions": np.zeros((1, Lq), np.int32), "topk_ids": np.asarray(sel["topk_ids"]),
+                        "topk_logprobs": np.asarray(sel["topk_logprobs"])})
+    one = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+    def run(tx, bs, scales):
+        step = jax.jit(make_train_step(apply, tx, loss="topk_kl", temperature=1.0))
+        state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
+        for b, s in zip(bs, scales):
+            state, _ = step(state, b, jnp.float32(0.5), s)
+        return np.asarray(state["params"]["emb"])
+
+    sgd = optax.sgd(1.0)
+    want = run(sgd, [one], [jnp.float32(1.0)])
+    scales = L.accumulation_scales([b["segment_ids"] for b in batches])
+    np.testing.assert_allclose([float(s) for s in scales], [2 * 1 / 8, 2 * 7 / 8])
+    got = run(optax.MultiSteps(sgd, every_k_schedule=2), batches, scales)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    plain = run(optax.MultiSteps(sgd, every_k_schedule=2), batches, [jnp.float32(1.0)] * 2)
+    assert np.abs(plain - want).max() > 1e-3  # the unweighted mean of means differs
+
+
+# ------------------------------------------------------------------ training
+
+
+def test_train_offline_and_online_sampled(setup, tmp_path):
+    from logit_distill.train import train_student
+    from logit_distill.train.loader import OnlineSource
+    from logit_distill.topk import make_teacher_sampled
+    from logit_distill.models import load_model
+    from logit_distill.data import ExampleSource
+
+    ref = str(tmp_path / "ref")
+    run_dump(_config(setup, ref, codec="exact"))
+    common = dict(student="preset:tiny-qwen3@1", num_steps=2, batch_size=4, progress=False, grad_accum=2)
+    r = train_student(store=ref, output=str(tmp_path / "off"), **common)
+    assert np.isfinite(r.metrics["kd_loss"]) and r.metrics["kd_loss"] > 0
+    with pytest.raises(InputError, match="does not fit"):
+        train_student(store=ref, output=str(tmp_path / "bad"), loss="topk_tail_kl", **common)
+    # Online sampling with the dump's keys gives the stored draws.
+    teacher = load_model(setup["teacher"])
+    ex = ExampleSource.open(setup["data"], teacher.tokenizer_path, seq_len=32, packing=True, seed=0)
+    src = OnlineSource(ex)
+    fn = make_teacher_sampled(teacher.apply, 16, seed=0)
+    recs = [src[i] for i in (3, 9)]
+    out = fn(teacher.params, *(np.stack([r[k] for r in recs]) for k in ("tokens", "positions", "segment_ids")),
+             np.array([3, 9], np.int32))
+    s = store.open_store(ref)
+    for j, i in enumerate((3, 9)):
+        rec = s.read(i)
+        S = rec["sample_ids"].shape[1]
+        np.testing.assert_array_equal(np.asarray(out["sample_ids"][j])[:, :S], rec["sample_ids"])
+        np.testing.assert_array_equal(np.asarray(out["sample_counts"][j])[:, :S], rec["sample_counts"])
+    on = train_student(teacher=setup["teacher"], data=setup["data"], seq_len=32, samples=16, loss="sampled_kl",
+                       output=str(tmp_path / "on"), **common)
+    assert np.isfinite(on.metrics["kd_loss"])
+
+
+def test_tempered_tail_store_and_refusal(setup, tmp_path):
+    from logit_distill.train import train_student
+
+    out = str(tmp_path / "t")
+    run_dump(_config(setup, out, selection="topk", samples=None, top_k=8, tail_temperatures=(2.0,)))
+    rec = store.open_store(out).read(0)
+    assert rec["tail_logprob_tempered"].shape == (32, 1)
+    common = dict(student="preset:tiny-qwen3@1", num_steps=1, batch_size=4, progress=False)
+    r = train_student(store=out, output=str(tmp_path / "a"), temperature=2.0, **common)
+    assert np.isfinite(r.metrics["kd_loss"])
+    with pytest.raises(InputError, match="holds it at 2"):
+        train_student(store=out, output=str(tmp_path / "b"), temperature=4.0, **common)
