@@ -33,6 +33,10 @@ def dump_teacher_topk(
     batch_size: int = 8,
     steps_per_file: int = 50,
     codec: str = "default",
+    selection: str = "topk",
+    samples: int = 32,
+    proposal_temperature: float = 1.0,
+    tail_temperatures: str = "",
     data_seed: int = 0,
     packing: bool = True,
     dtype: str = "float32",
@@ -53,6 +57,9 @@ def dump_teacher_topk(
     config = DumpConfig(
         teacher=teacher, data=data, output=store_uri, top_k=top_k, seq_len=seq_len, batch_size=batch_size,
         num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, seed=data_seed, packing=packing,
+        selection=selection, samples=samples if selection == "sampled" else None,
+        proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
+        tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
         dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, sharding=sharding, progress=False,
     )
     # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,

@@ -26,6 +26,10 @@ def plan_dump(
     batch_size: int = 8,
     steps_per_file: int = 50,
     codec: str = "default",
+    selection: str = "topk",
+    samples: int = 32,
+    proposal_temperature: float = 1.0,
+    tail_temperatures: str = "",
     data_seed: int = 0,
     packing: bool = True,
     dtype: str = "float32",
@@ -44,6 +48,9 @@ def plan_dump(
     config = DumpConfig(
         teacher=teacher, data=data, output="", top_k=top_k, seq_len=seq_len, batch_size=batch_size,
         num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, seed=data_seed, packing=packing,
+        selection=selection, samples=samples if selection == "sampled" else None,
+        proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
+        tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
         dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, progress=False,
     )
     key = dump_key_of(plan_manifest(config, num_processes=num_processes))

@@ -97,7 +97,17 @@ PARAMS: tuple[Param, ...] = (
           group="dump"),
     Param("codec", str, "default", "Store codec: default (float16 log-probs) or exact (float32).",
           _to(PLAN, DUMP), choices=("default", "exact"), group="dump"),
-    Param("data_seed", int, 0, "Seed of the example order.", _to(PLAN, DUMP), min=0, group="dump"),
+    Param("selection", str, "topk", "What the store keeps per position: topk (the top_k most likely ids + the "
+          "tail mass) or sampled (samples ids drawn from the teacher, with counts: unbiased, fewer bytes).",
+          _to(PLAN, DUMP), choices=("topk", "sampled"), group="dump"),
+    Param("samples", int, 32, "Draws per position of a sampled store (selection sampled).", _to(PLAN, DUMP),
+          min=1, max=65535, group="dump"),
+    Param("proposal_temperature", float, 1.0, "Sampled stores draw from the teacher at this temperature.",
+          _to(PLAN, DUMP), min=1e-6, group="dump"),
+    Param("tail_temperatures", str, "", "Top-k stores: comma-separated temperatures whose tempered tail mass is "
+          "also stored, for topk_tail_kl at temperature != 1 (empty: none).", _to(PLAN, DUMP), group="dump"),
+    Param("data_seed", int, 0, "Seed of the example order (and of a sampled store's draws).", _to(PLAN, DUMP),
+          min=0, group="dump"),
     Param("packing", bool, True, "Pack documents into examples (with segment ids).", _to(PLAN, DUMP),
           group="dump"),
     Param("dtype", str, "float32", "Teacher compute dtype.", _to(PLAN, DUMP), vertex_default="bfloat16",
@@ -120,9 +130,10 @@ PARAMS: tuple[Param, ...] = (
     Param("warmup_steps", int, -1, "Learning-rate warm-up steps (-1: the default, 5% of the steps).", _to(TRAIN),
           min=-1, group="train"),
     Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed"}, min=0, group="train"),
-    Param("loss", str, "topk_tail_kl", "KD loss (docs/LOSSES.md).", _to(TRAIN),
-          choices=("topk_kl", "topk_tail_kl"), group="train"),
-    Param("alpha", float, 0.5, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
+    Param("loss", str, "", "KD loss (docs/LOSSES.md); empty: the store's default, topk_tail_kl for a top-k "
+          "store, sampled_kl for a sampled one.", _to(TRAIN),
+          choices=("", "topk_kl", "topk_tail_kl", "sampled_kl"), group="train"),
+    Param("alpha", float, 1.0, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
           _to(TRAIN), min=0.0, max=1.0, group="train"),
     Param("alpha_end", float, -1.0, "alpha at the last step with a linear or cosine alpha_schedule "
           "(-1: alpha).", _to(TRAIN), min=-1.0, max=1.0, group="train"),
