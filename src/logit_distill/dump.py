@@ -29,6 +29,7 @@ from . import store as store_mod
 from .errors import InputError, StoreError
 from .signals import Interrupted, StopOnSignal
 from .store import manifest as manifest_mod
+from .store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S, Lease
 
 log = logging.getLogger("logit_distill.dump")
 
@@ -61,6 +62,8 @@ class DumpConfig:
     samples: int | None = None  # sampled: draws per position (N)
     proposal_temperature: float = 1.0  # sampled: draws from softmax(logits / t)
     tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
+    force_takeover: bool = False  # take over a stale lease (docs/FORMAT.md, "Lease")
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
 
 
 @dataclasses.dataclass
@@ -374,10 +377,24 @@ def run_dump(config: DumpConfig) -> DumpResult:
     outputs.check_output(config.output, "--output", kind="dir", own_store=True,
                          inputs={"--teacher": config.teacher, "--data": config.data,
                                  "--tokenizer": config.tokenizer})
-    teacher, source, manifest = prepare(config)
+    lease = Lease(config.output, timeout_s=config.lease_timeout_s, force_takeover=config.force_takeover)
+    lease.check_free()  # a second dump refuses at once, before loading anything
+    process, _ = _process_info()
+    if process == 0:  # process 0 holds the store's lease for every process of the job
+        lease.acquire()  # before the teacher loads: two dumps never both spend minutes loading it
+    else:
+        lease = None
+    try:
+        teacher, source, manifest = prepare(config)
+        return _run_dump_leased(config, teacher, source, manifest, lease, t_start)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_start) -> DumpResult:
     process, num_processes = _process_info()
     uri = config.output
-
     if process == 0:
         store_mod.init_store(uri, manifest)
     _barrier("logit-distill-dump-init")
@@ -435,6 +452,8 @@ def run_dump(config: DumpConfig) -> DumpResult:
                 for step in todo:
                     if stop.event.is_set():
                         break
+                    if lease is not None:
+                        lease.check()  # taken over after going stale: write nothing more
                     first = step * B + process * b
                     local = source.batch(range(first, first + b))
                     out = compute.dispatch(local, np.arange(first, first + b))  # asynchronous: overlaps with the previous step's host work
@@ -551,6 +570,12 @@ def register_cli(subparsers) -> None:
                    help="teacher parameters: replicated on every device, or sharded (fsdp) for big teachers")
     p.add_argument("--array-record-options", default=manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS,
                    help="ArrayRecord writer options, e.g. 'group_size:1,zstd:3' (default uncompressed)")
+    p.add_argument("--force-takeover", action="store_true",
+                   help="take over the store's lease when it is stale (its dump stopped refreshing it for "
+                        "longer than its timeout, e.g. on a machine that is gone)")
+    p.add_argument("--lease-timeout", dest="lease_timeout_s", type=float, default=DEFAULT_LEASE_TIMEOUT_S,
+                   help="seconds without a refresh after which this dump's lease counts as stale; it is "
+                        f"refreshed every quarter of it (default {DEFAULT_LEASE_TIMEOUT_S:.0f})")
     p.add_argument("--quiet", dest="progress", action="store_false",
                    help="no progress bar (the resume line and the summary are still printed)")
     p.set_defaults(func=_cli_main)

@@ -19,6 +19,7 @@ import re
 
 from .. import paths
 from . import manifest as manifest_mod
+from .lease import LEASE_NAME
 
 CHUNK_RE = re.compile(
     r"^chunk-(?P<tag>[0-9a-f]{8})-p(?P<process>\d{5})-s(?P<start>\d{9})-(?P<end>\d{9})"
@@ -124,7 +125,7 @@ def _scan(store_uri: str, manifest: dict, files: list[dict] | None) -> ScanResul
     foreign, leftovers = [], []
     for f in sorted(files, key=operator.itemgetter("name")):
         name = f["name"]
-        if name == manifest_mod.MANIFEST_NAME:
+        if name in (manifest_mod.MANIFEST_NAME, LEASE_NAME):
             continue
         info = parse_chunk_name(name, f["size"])
         if info is None:

@@ -26,6 +26,7 @@ from .. import paths
 from ..errors import NotAStoreError, StoreError
 from . import chunks as chunks_mod
 from . import manifest as manifest_mod
+from .lease import LEASE_NAME
 
 
 def init_store(store_uri: str, manifest: dict) -> dict:
@@ -42,7 +43,7 @@ def init_store(store_uri: str, manifest: dict) -> dict:
         return existing
     others = [
         f["name"] for f in paths.list_files(store_uri)
-        if not f["name"].startswith(paths.TMP_PREFIX)
+        if not f["name"].startswith((paths.TMP_PREFIX, LEASE_NAME))
     ]
     if others:
         raise NotAStoreError(
