@@ -195,10 +195,10 @@ def dump_setup(tmp_path_factory):
 LEASE_DUMP = {"num_steps": 4, "steps_per_file": 1, "batch_size": 2, "seq_len": 16, "top_k": 4}
 
 
-@pytest.mark.parametrize("where", ["local", "gcs"])
-def test_two_dumps_at_once_never_crash_or_corrupt(where, dump_setup, tmp_path, request):
-    """Two dumps on one output, started 0-3 s apart, five times: each ends with exit 0 or the one-line
-    refusal naming the holder; the store verifies and equals an uninterrupted dump's."""
+def test_two_dumps_at_once_never_crash_or_corrupt(dump_setup, tmp_path, gcs_bucket):
+    """Two dumps on one output, started 0-3 s apart, five times, locally and on the GCS emulator (the
+    local and the GCS pair of a round run at the same time): each dump ends with exit 0 or the
+    one-line refusal naming the holder; the store verifies and equals an uninterrupted dump's."""
     import subprocess
     import sys
     import time
@@ -207,29 +207,211 @@ def test_two_dumps_at_once_never_crash_or_corrupt(where, dump_setup, tmp_path, r
     from logit_distill.dump import DumpConfig, run_dump
     from logit_distill.verify import verify_store
 
-    root = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
-    reference = paths.join(root, "reference")
+    roots = {"local": str(tmp_path), "gcs": gcs_bucket}
+    reference = paths.join(str(tmp_path), "reference")
     run_dump(DumpConfig(teacher=dump_setup["teacher"], data=dump_setup["data"], output=reference,
                         progress=False, **LEASE_DUMP))
     want = chunk_bytes(reference)
+
+    def start(out):
+        cmd = dump_args(dump_setup["teacher"], dump_setup["data"], out, **LEASE_DUMP)
+        return subprocess.Popen([sys.executable, "-m", "logit_distill.cli", *cmd],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
     for i, delay in enumerate((0.0, 0.75, 1.5, 2.25, 3.0)):
-        out = paths.join(root, f"both-{i}")
-        cmd = [sys.executable, "-m", "logit_distill.cli",
-               *dump_args(dump_setup["teacher"], dump_setup["data"], out, **LEASE_DUMP)]
-        first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        outs = {where: paths.join(root, f"both-{i}") for where, root in roots.items()}
+        firsts = {where: start(out) for where, out in outs.items()}
         time.sleep(delay)
-        second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        codes = []
-        for proc in (first, second):
-            _, err = proc.communicate(timeout=300)
-            assert "Traceback" not in err, err
-            assert proc.returncode in (0, 2), err
-            if proc.returncode == 2:
-                last = err.strip().splitlines()[-1]
-                assert last.startswith("logit-distill dump: error: ") and "being written by another dump" in last
-                assert "process " in last  # names the holder
-            codes.append(proc.returncode)
-        assert 0 in codes, codes
-        assert verify_store(out, progress=False).passed
-        assert chunk_bytes(out) == want, f"round {i} (delay {delay} s) differs from the uninterrupted dump"
-        assert not paths.exists(paths.join(out, "lease.json"))  # released
+        seconds = {where: start(out) for where, out in outs.items()}
+        for where, out in outs.items():
+            codes = []
+            for proc in (firsts[where], seconds[where]):
+                _, err = proc.communicate(timeout=300)
+                assert "Traceback" not in err, err
+                assert proc.returncode in (0, 2), err
+                if proc.returncode == 2:
+                    last = err.strip().splitlines()[-1]
+                    assert last.startswith("logit-distill dump: error: ") and "being written by another dump" in last
+                    assert "process " in last  # names the holder
+                codes.append(proc.returncode)
+            assert 0 in codes, (where, delay, codes)
+            assert verify_store(out, progress=False).passed, (where, delay)
+            assert chunk_bytes(out) == want, f"{where}, delay {delay} s: differs from the uninterrupted dump"
+            assert not paths.exists(paths.join(out, "lease.json"))  # released
+
+
+# ----------------------------------------------------------------- archives, Ctrl-C, OS errors
+
+
+def _cli_subprocess(*args, env=None, timeout=120):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "logit_distill.cli", *map(str, args)], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def _assert_one_line(proc, command, exit_code=2, contains=()):
+    assert_one_line_error(proc.returncode, proc.stderr, command=command, exit_code=exit_code, contains=contains)
+
+
+@pytest.mark.parametrize("fault", ["truncated", "mislabelled"])
+def test_dump_bad_jsonl_gz_is_one_line(fault, tmp_path, capsys):
+    import gzip
+
+    body = "".join(f'{{"text": "alpha beta gamma {i}"}}\n' for i in range(200)).encode()
+    data = tmp_path / "data.jsonl.gz"
+    data.write_bytes(gzip.compress(body)[:-40] if fault == "truncated" else body)
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, "dump", "--teacher", "preset:tiny-qwen3", "--data", data,
+                           "--output", tmp_path / "s", "--quiet", "--seq-len", "16", "--batch-size", "2",
+                           "--top-k", "4")
+    assert_one_line_error(code, err, command="dump", contains=("data.jsonl.gz", "truncated or not what its name"))
+    assert snapshot(tmp_path) == before and not (tmp_path / "s").exists()
+
+
+# ----------------------------------------------------------------- GCS failures: within 15 s, one line
+
+
+def test_unreachable_gcs_endpoint_fails_fast(tmp_path):
+    import time
+
+    from logit_distill.emulator import free_port
+
+    (tmp_path / "data.jsonl").write_text('{"text": "alpha beta"}\n')
+    t0 = time.perf_counter()
+    proc = _cli_subprocess("dump", "--teacher", "preset:tiny-qwen3", "--data", tmp_path / "data.jsonl",
+                           "--output", "gs://some-bucket/store", "--quiet",
+                           env={"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{free_port()}"})
+    assert time.perf_counter() - t0 < 15
+    _assert_one_line(proc, "dump", contains=("is not reachable",))
+
+
+def test_missing_bucket_fails_fast(gcs_emulator, small_store, capsys):
+    import time
+
+    t0 = time.perf_counter()
+    code, _, err = run_cli(capsys, "verify", "--store", "gs://no-such-bucket-here/s", "--no-progress")
+    assert_one_line_error(code, err, command="verify", contains=("bucket no-such-bucket-here does not exist",))
+    code, _, err = run_cli(capsys, "train", "--store", small_store, "--student", "preset:tiny-qwen3",
+                           "--output", "gs://no-such-bucket-here/o", "--num-steps", "1", "--batch-size", "4")
+    assert_one_line_error(code, err, command="train", contains=("--output", "does not exist"))
+    assert time.perf_counter() - t0 < 15
+
+
+def test_silent_gcs_endpoint_fails_within_the_probe_timeout(tmp_path):
+    """An endpoint that accepts connections but never answers (a black-holed proxy)."""
+    import socket
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    try:
+        (tmp_path / "data.jsonl").write_text('{"text": "alpha beta"}\n')
+        t0 = time.perf_counter()
+        proc = _cli_subprocess("dump", "--teacher", "preset:tiny-qwen3", "--data", tmp_path / "data.jsonl",
+                               "--output", "gs://some-bucket/store", "--quiet",
+                               env={"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{server.getsockname()[1]}",
+                                    "LOGIT_DISTILL_GCS_PROBE_TIMEOUT": "3"})
+        elapsed = time.perf_counter() - t0
+    finally:
+        server.close()
+    assert elapsed < 15
+    _assert_one_line(proc, "dump", contains=("no answer about bucket some-bucket within 3 s",))
+
+
+@pytest.mark.parametrize("after_s", [0.2, 1.0, 2.0])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(after_s, dump_setup, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dump_helpers import dump_args
+
+    out = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "logit_distill.cli",
+                             *dump_args(dump_setup["teacher"], dump_setup["data"], str(out), **LEASE_DUMP)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:  # finished before the signal came: then the store is whole
+        from logit_distill.verify import verify_store
+
+        assert verify_store(str(out), progress=False).passed
+        return
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("logit-distill dump: interrupted"), err
+    assert sum("interrupted" in line for line in lines) == 1, err
+    assert not (out / "lease.json").exists()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A tiny tmpfs at ``tmp_path/mnt``: ``mount(size)``; ``read_only()`` remounts it read-only."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = []
+
+    class FS:
+        path = mnt
+
+        def mount(self, size="512k"):
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"mounting a tmpfs needs root with CAP_SYS_ADMIN: {r.stderr.strip()}")
+            mounted.append(mnt)
+
+        def read_only(self):
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+    yield FS()
+    for m in mounted:
+        subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+def test_dump_into_a_read_only_folder_is_one_line(small_fs, tmp_path, capsys):
+    small_fs.mount()
+    (small_fs.path / "keep.txt").write_text("keep")
+    small_fs.read_only()
+    (tmp_path / "data.jsonl").write_text('{"text": "alpha beta"}\n')
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, "dump", "--teacher", "preset:tiny-qwen3", "--data", tmp_path / "data.jsonl",
+                           "--output", small_fs.path / "s", "--quiet")
+    assert_one_line_error(code, err, command="dump", contains=("not writable",))
+    assert snapshot(tmp_path) == before
+
+
+def test_verify_report_on_a_read_only_folder_is_one_line(small_fs, small_store, tmp_path, capsys):
+    small_fs.mount()
+    small_fs.read_only()
+    before = snapshot(tmp_path)
+    code, out, err = run_cli(capsys, "verify", "--store", small_store, "--no-progress",
+                             "--report-json", small_fs.path / "r.json")
+    assert_one_line_error(code, err, command="verify", contains=("--report-json", "not writable"))
+    assert out == ""  # refused before any check ran
+    assert snapshot(tmp_path) == before
+
+
+def test_disk_full_during_the_dump_is_one_line(small_fs, dump_setup, tmp_path):
+    """A real ENOSPC: the store lives on a 160 KiB tmpfs; the chunks do not fit."""
+    from dump_helpers import dump_args
+
+    small_fs.mount("160k")
+    (small_fs.path / "keep.bin").write_bytes(os.urandom(1000))
+    before = snapshot(small_fs.path)
+    out = small_fs.path / "s"
+    proc = _cli_subprocess(*dump_args(dump_setup["teacher"], dump_setup["data"], str(out),
+                                      **{**LEASE_DUMP, "num_steps": 8, "seq_len": 32, "top_k": 16, "codec": "exact"}))
+    _assert_one_line(proc, "dump", contains=("No space left on device",))
+    after = snapshot(small_fs.path)
+    assert after["keep.bin"] == before["keep.bin"]
+    assert not (out / "lease.json").exists()
+    assert not [n for n in os.listdir(out) if n.startswith(".tmp-")]  # no temporary left behind

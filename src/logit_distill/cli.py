@@ -32,6 +32,9 @@ def _preset_main(args) -> int:
     return 0
 
 
+COMMANDS = ("dump", "verify", "train", "preset")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import dump
     from .train import register_cli as register_train
@@ -58,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = None
-    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in given if a in COMMANDS), None)  # named even if Ctrl-C comes while parsing
+    debug = "--debug" in given
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

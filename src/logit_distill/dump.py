@@ -260,21 +260,6 @@ def prepare(config: DumpConfig):
     return teacher, source, manifest
 
 
-def _check_output_reachable(uri: str) -> None:
-    """Fail early, before any compute, if the output cannot be written to."""
-    try:
-        fs, path = paths.url_to_fs(uri)
-        if not paths.is_local(uri):
-            bucket = path.split("/", 1)[0]
-            if not fs.exists(bucket):
-                raise InputError(f"output {uri} is not reachable: bucket {bucket} does not exist")
-        paths.exists(uri)
-    except InputError:
-        raise
-    except Exception as e:  # noqa: BLE001 - network and permission errors of any kind
-        raise InputError(f"output {uri} is not reachable: {type(e).__name__}: {e}") from e
-
-
 def _remove_leftovers(uri: str, scan) -> None:
     for name in scan.leftovers:
         if name.startswith(paths.TMP_PREFIX):
@@ -373,7 +358,6 @@ def run_dump(config: DumpConfig) -> DumpResult:
     t_start = time.perf_counter()
     outputs.require_nonblank(config.output, "--output")
     _check_settings(config)
-    _check_output_reachable(config.output)
     outputs.check_output(config.output, "--output", kind="dir", own_store=True,
                          inputs={"--teacher": config.teacher, "--data": config.data,
                                  "--tokenizer": config.tokenizer})

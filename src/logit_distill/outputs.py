@@ -83,6 +83,7 @@ def check_output(uri: str, flag: str, *, kind: str, inputs: dict[str, str | None
     Returns ``uri``.
     """
     require_nonblank(uri, flag)
+    paths.check_reachable(uri, flag)  # gs://: one line within seconds, not a minute of retries
     norm = normalize(uri)
     for in_flag, in_uri in (inputs or {}).items():
         if _is_path(in_uri) and normalize(in_uri) == norm:
@@ -108,3 +109,8 @@ def _check_local_shape(norm: str, uri: str, flag: str, kind: str) -> None:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise InputError(f"{flag} {uri}: {parent} is a file, not a folder; choose another path")
+    # The nearest existing folder must take new files (access(2) also reports a read-only mount).
+    folder = norm if kind == "dir" and os.path.isdir(norm) else parent
+    if folder and not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {uri}: {folder} is not writable (read-only or no permission); "
+                         "choose a writable location")

@@ -64,6 +64,59 @@ def join(uri: str, *parts: str) -> str:
     return out
 
 
+GCS_PROBE_TIMEOUT_S = 10.0  # LOGIT_DISTILL_GCS_PROBE_TIMEOUT overrides it
+
+
+def check_reachable(uri: str, flag: str) -> None:
+    """For a gs:// ``uri``: fail within seconds, in one line, if its bucket cannot be used.
+
+    gcsfs retries a dead endpoint for about a minute (with a traceback per retry); this probe
+    first opens a TCP connection to the endpoint (5 s), then asks for the bucket on a
+    background thread and gives up after ``LOGIT_DISTILL_GCS_PROBE_TIMEOUT`` seconds (default 10).
+    """
+    import socket
+    import threading
+    import urllib.parse
+
+    if is_local(uri):
+        return
+    fs, path = url_to_fs(uri)
+    bucket = path.split("/", 1)[0]
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+    parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else "http://" + endpoint)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+    except OSError as e:
+        raise InputError(f"{flag} {uri} is not reachable: Cloud Storage at {parsed.hostname}:{port} refused "
+                         f"or did not answer ({e.strerror or e}); check the network (or STORAGE_EMULATOR_HOST)") from None
+    timeout = float(os.environ.get("LOGIT_DISTILL_GCS_PROBE_TIMEOUT") or GCS_PROBE_TIMEOUT_S)
+    outcome: dict = {}
+
+    def ask():
+        try:
+            fs.invalidate_cache(bucket)
+            outcome["exists"] = fs.exists(bucket)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    probe = threading.Thread(target=ask, name="ld-gcs-probe", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    if probe.is_alive():
+        raise InputError(f"{flag} {uri} is not reachable: no answer about bucket {bucket} within {timeout:.0f} s; "
+                         "check the network and the credentials")
+    if "error" in outcome:
+        from .failures import describe
+
+        _, line = describe(outcome["error"])
+        raise InputError(f"{flag} {uri} is not reachable: bucket {bucket}: {line.removeprefix('error: ')}") from None
+    if not outcome["exists"]:
+        raise InputError(f"{flag} {uri} is not reachable: bucket {bucket} does not exist (or these credentials "
+                         "cannot see it); "
+                         "create it or check the name")
+
+
 def basename(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 

@@ -194,10 +194,38 @@ def data_identity(inputs: DataInputs, hash_cache_dir: str) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
+def _archive_errors() -> tuple:
+    """Exceptions of a truncated or mislabelled compressed file (gzip, zlib, zstd)."""
+    import gzip
+    import zlib
+
+    errors = [EOFError, gzip.BadGzipFile, zlib.error]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
 def iter_jsonl_texts(f: InputFile, text_field: str, on_bytes=None) -> Iterator[str]:
-    """Yield the `text_field` string of every non-blank line; InputError names file and line."""
+    """Yield the `text_field` string of every non-blank line; InputError names file and line,
+    also for a compressed file that is truncated or not what its name says."""
+    where = [0]
+    try:
+        yield from _iter_jsonl_texts(f, text_field, on_bytes, where)
+    except _archive_errors() as e:
+        raise InputError(
+            f"{f.url}: after line {where[0]}: the compressed file is truncated or not what its name says "
+            f"({type(e).__name__}: {e}); re-copy or re-compress it, or name it by its real format"
+        ) from None
+
+
+def _iter_jsonl_texts(f: InputFile, text_field: str, on_bytes, where: list) -> Iterator[str]:
     with fsspec.open(f.url, "rb", compression="infer") as fh:
         for lineno, raw in enumerate(fh, start=1):
+            where[0] = lineno - 1
             if on_bytes is not None:
                 on_bytes(len(raw))
             if not raw.strip():

@@ -10,6 +10,7 @@ buffering without bound.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import tempfile
@@ -56,6 +57,18 @@ def init_store(store_uri: str, manifest: dict) -> dict:
     return manifest
 
 
+_OS_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG, errno.EIO)
+
+
+def as_os_error(e: RuntimeError, path: str) -> BaseException:
+    """ArrayRecord reports I/O failures as RuntimeError("write() failed: <strerror>; ..."): give back the
+    OSError it stands for (so the caller names it like any other), or ``e`` itself."""
+    for code in _OS_ERRNOS:
+        if os.strerror(code) in str(e):
+            return OSError(code, os.strerror(code), path)
+    return e
+
+
 class ChunkWriter:
     """Writes the records of one chunk to a temporary file; ``commit`` publishes it."""
 
@@ -79,7 +92,11 @@ class ChunkWriter:
         self.num_records = 0
 
     def write(self, record: bytes) -> None:
-        self._writer.write(record)
+        try:
+            self._writer.write(record)
+        except RuntimeError as e:
+            self.abort()
+            raise as_os_error(e, self.tmp_path) from e
         self.num_records += 1
 
     def commit(self) -> chunks_mod.ChunkInfo:
@@ -89,7 +106,11 @@ class ChunkWriter:
                 f"chunk p{self.process} steps [{self.start}, {self.end}) got {self.num_records} records, "
                 f"expected {self.expected_records}; not committed"
             )
-        self._writer.close()
+        try:
+            self._writer.close()
+        except RuntimeError as e:
+            self.abort()
+            raise as_os_error(e, self.tmp_path) from e
         checksum, _ = paths.sha256_file(self.tmp_path)
         name = chunks_mod.chunk_name(
             self.manifest["fingerprint"][:8], self.process, self.start, self.end, checksum

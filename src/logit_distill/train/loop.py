@@ -255,6 +255,8 @@ def train_student(
     from the latest checkpoint in ``output``.
     """
     # --- settings
+    if store is not None:
+        paths.check_reachable(store, "--store")
     check_output(output, "--output", kind="dir",
                  inputs={"--store": store, "--teacher": teacher, "--data": data, "--student": student,
                          "--eval-data": eval_data})
