@@ -240,6 +240,84 @@ def test_two_dumps_at_once_never_crash_or_corrupt(dump_setup, tmp_path, gcs_buck
             assert not paths.exists(paths.join(out, "lease.json"))  # released
 
 
+def _foreign_lease(store_uri, *, pid, age_s=0.0, host=None, timeout_s=60.0):
+    """Write a lease as another dump would have: ``pid`` on ``host`` (default: this host)."""
+    import json
+    import socket
+    import time
+
+    from logit_distill.store.lease import _process_start
+
+    record = {"host": host or socket.gethostname(), "pid": pid, "pid_start": _process_start(pid),
+              "token": "f" * 32, "timeout_s": timeout_s, "acquired_at": "2026-01-01T00:00:00Z",
+              "refreshed_at": time.time() - age_s}
+    uri = paths.join(store_uri, "lease.json")
+    paths.write_bytes_atomic(uri, json.dumps(record).encode())
+    if paths.is_local(uri):
+        os.utime(paths.local_path(uri), (time.time() - age_s,) * 2)
+    return record
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_lease_refuses_a_live_holder_and_takes_over_only_when_allowed(where, tmp_path, request):
+    import subprocess
+    import sys
+
+    from logit_distill.errors import StoreBusyError
+    from logit_distill.store.lease import Lease
+
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
+    store_uri = paths.join(root, "s")
+    # A live holder (a process that runs, on this host): refused, naming it.
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _foreign_lease(store_uri, pid=live.pid)
+        with pytest.raises(StoreBusyError, match=f"being written by another dump: process {live.pid} on "):
+            Lease(store_uri, force_takeover=True).acquire()
+        # The same holder, silent for longer than its timeout: stale; only --force-takeover takes it.
+        _foreign_lease(store_uri, pid=live.pid, age_s=120, timeout_s=60)
+        with pytest.raises(StoreBusyError, match="stale lease .* re-run with --force-takeover"):
+            Lease(store_uri).acquire()
+        taker = Lease(store_uri, force_takeover=True).acquire()
+        assert taker.previous["pid"] == live.pid
+        taker.release()
+    finally:
+        live.kill()
+        live.wait()
+    # A holder on this host whose process is gone: proven dead, taken over without asking.
+    _foreign_lease(store_uri, pid=live.pid)
+    lease = Lease(store_uri).acquire()
+    assert lease.previous["pid"] == live.pid
+    # A holder on another host is never presumed dead while its lease is fresh.
+    lease.release()
+    _foreign_lease(store_uri, pid=live.pid, host="elsewhere")
+    with pytest.raises(StoreBusyError, match="on elsewhere"):
+        Lease(store_uri).acquire()
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_holder_whose_lease_was_taken_over_stops(where, tmp_path, request):
+    import time
+
+    from logit_distill.errors import StoreError
+    from logit_distill.store.lease import Lease
+
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
+    store_uri = paths.join(root, "s")
+    first = Lease(store_uri, timeout_s=0.4).acquire()
+    first._stop.set()  # its refresher stalls (e.g. a frozen machine) ...
+    first._thread.join()
+    time.sleep(0.6)  # ... until the lease is stale
+    second = Lease(store_uri, force_takeover=True).acquire()
+    first.refresh()  # the first holder wakes up: its refresh fails
+    with pytest.raises(StoreError, match="taken over by process"):
+        first.check()
+    first.release()  # does not delete the new holder's lease
+    assert paths.exists(paths.join(store_uri, "lease.json"))
+    second.release()
+    assert not paths.exists(paths.join(store_uri, "lease.json"))
+
+
 # ----------------------------------------------------------------- archives, Ctrl-C, OS errors
 
 
