@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo compile bench clean
+.PHONY: venv test demo compile lock bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 compile: $(STAMP)
 	$(PY) -m pipelines.compile
+
+# containers/requirements.lock: the component image's packages, pinned with hashes (run on Linux x86_64).
+lock: $(STAMP)
+	$(PY) containers/lock.py
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -7,9 +7,14 @@ resubmitted or cloned run, or a run with caching off all land on the same
 prefix and resume from the chunk scan; a complete store is a no-op. The output
 ``Dataset`` artifact's URI is set to that store.
 
-On a multi-host Vertex custom job (replica count > 1) every replica runs this
-function; JAX's multi-controller runtime is initialized from Vertex's
-``CLUSTER_SPEC`` (GPU hosts) or by JAX's own detection (TPU slices).
+On a multi-host Vertex custom job (replica count > 1, or a multi-host TPU
+slice) every host runs this function; JAX's multi-controller runtime is
+initialized from Vertex's ``CLUSTER_SPEC`` (GPU hosts) or by JAX's own
+detection (TPU slices). Only process 0 writes the task's outputs (artifact
+metadata, metrics, return values); the others exit 0 once the store is
+complete. ``store_state`` (a digest of the committed chunk names) feeds
+verify's cache key. A store already complete returns at once, without
+loading the teacher.
 """
 
 from typing import NamedTuple
@@ -43,7 +48,8 @@ def dump_teacher_topk(
     text_field: str = "text",
     tokenizer: str = "",
     sharding: str = "replicate",
-) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool)]):
+    resources: dict = {},
+) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool), ("store_state", str)]):
     """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
     import collections
 
@@ -51,6 +57,9 @@ def dump_teacher_topk(
     from logit_distill.dump import DumpConfig, plan_manifest, run_dump
     from logit_distill.store import dump_key as dump_key_of
 
+    from logit_distill.logs import configure_from_environment
+
+    configure_from_environment()
     init_from_environment()
     import jax
 
@@ -71,22 +80,29 @@ def dump_teacher_topk(
         raise ValueError(f"store_uri {store_uri} does not end with the dump key {dump_key}")
 
     result = run_dump(config)
-    print(f"dump_teacher_topk: {result.summary()}", flush=True)
     if not result.complete:
         raise RuntimeError(f"store {store_uri} is incomplete after the dump; a retry resumes it")
+    if jax.process_index() != 0:
+        raise SystemExit(0)  # the store is complete; process 0 writes the task's outputs
+    print(f"dump_teacher_topk: {result.summary()}", flush=True)
+    from logit_distill.store.status import store_status
+
+    manifest = plan_manifest(config, num_processes=jax.process_count())
+    state = store_status(store_uri, manifest).state
 
     store.uri = result.store
     store.metadata.update({
         "dump_key": result.dump_key, "fingerprint": result.fingerprint, "num_steps": result.num_steps,
         "examples": result.examples, "tokens": result.tokens, "top_k": top_k, "seq_len": seq_len,
         "codec": codec, "teacher": teacher, "data": data, "store_bytes": result.store_bytes,
+        "chunks": result.chunks_expected, "processes": jax.process_count(), "store_state": state,
+        "resources_requested": dict(resources),
     })
     for name, value in (
         ("examples", result.examples),
         ("tokens", result.tokens),
         ("chunks_written_this_attempt", result.chunks_written),
         ("chunks_present_at_start", result.chunks_present_at_start),
-        ("chunks", result.chunks_expected),
         ("resumed_from_step", result.resumed_from_step),
         ("steps_run_this_attempt", result.steps_run),
         ("tokens_per_s", round(result.tokens_per_s, 1)),
@@ -95,8 +111,8 @@ def dump_teacher_topk(
         ("elapsed_s", round(result.elapsed_s, 2)),
     ):
         metrics.log_metric(name, value)
-    outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete"])
-    return outputs(int(result.resumed_from_step), bool(result.complete))
+    outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete", "store_state"])
+    return outputs(int(result.resumed_from_step), bool(result.complete), state)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
@@ -105,6 +121,7 @@ INPUTS = {
     "dump_key": "The store's key from plan_dump; the dump refuses a key that is not its settings' fingerprint.",
     "store": "The store (its URI is store_uri).",
     "metrics": "What this attempt did: examples, tokens, chunks written now, resumed-from step, tokens/s.",
+    "resources": "The resources the pipeline requested for the task (recorded in the store's metadata).",
 }
 
 

@@ -8,6 +8,9 @@ import re
 # with the image you pushed (see docs/PIPELINE.md); `pipelines.compile --image URI` compiles
 # with another one.
 DEFAULT_IMAGE = "us-docker.pkg.dev/YOUR_PROJECT/logit-distill/logit-distill:0.1.0-cuda"
+# The small image of the CPU steps (plan, verify, ...): `submit --cpu-image` replaces it.
+DEFAULT_CPU_IMAGE = "us-docker.pkg.dev/YOUR_PROJECT/logit-distill/logit-distill:0.1.0-cpu"
+PLACEHOLDER = "YOUR_PROJECT"
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _TAG = re.compile(r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")

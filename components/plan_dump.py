@@ -1,4 +1,4 @@
-"""``plan_dump``: name the teacher store before the dump starts.
+"""``plan_dump``: name the teacher store before the dump starts, and say whether it is needed.
 
 Computes the store manifest's fingerprint from the pipeline's parameters
 (``logit_distill.dump.plan_manifest``: no weights loaded, nothing tokenized)
@@ -7,11 +7,19 @@ and returns its dump key and the store's location
 inputs, so Vertex's cache fingerprint of the dump includes the key, and every
 retry, resubmission or clone of a run with the same settings lands on the same
 prefix and resumes there.
+
+It also scans the store's names (no teacher, no chunk read): ``complete``
+tells the pipeline to skip the dump task entirely, and ``store_state`` (a
+digest of the committed chunk names, which carry their checksums) is part of
+verify's cache key. The number of processes that write the store is the job's
+replica count times the hosts of its TPU slice (``tpu_topology``), the same
+number the dump finds in ``jax.process_count()``.
 """
 
 from typing import NamedTuple
 
 from kfp import dsl
+from kfp.dsl import Dataset, Output
 
 from .image import DEFAULT_IMAGE
 
@@ -21,6 +29,7 @@ def plan_dump(
     data: str,
     output_root: str,
     num_steps: int,
+    store: Output[Dataset],
     top_k: int = 64,
     seq_len: int = 512,
     batch_size: int = 8,
@@ -36,12 +45,17 @@ def plan_dump(
     text_field: str = "text",
     tokenizer: str = "",
     num_processes: int = 1,
-) -> NamedTuple("PlanOutputs", [("dump_key", str), ("store_uri", str)]):
-    """The dump key (16 hex digits of the store fingerprint) and the store URI for these settings."""
+    tpu_topology: str = "",
+    machine_type: str = "",
+) -> NamedTuple("PlanOutputs", [("dump_key", str), ("store_uri", str), ("complete", bool), ("store_state", str)]):
+    """The dump key (16 hex digits of the store fingerprint), the store URI for these settings, whether the
+    store there is already complete (a scan of names) and its state (a digest of its committed chunk names)."""
     import collections
 
+    from logit_distill.distributed import planned_processes
     from logit_distill.dump import DumpConfig, plan_manifest
     from logit_distill.store import dump_key as dump_key_of
+    from logit_distill.store.status import store_status
 
     if not output_root:
         raise ValueError("output_root is empty: give a local directory or a gs:// prefix")
@@ -53,16 +67,28 @@ def plan_dump(
         tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
         dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, progress=False,
     )
-    key = dump_key_of(plan_manifest(config, num_processes=num_processes))
+    processes = planned_processes(num_processes, tpu_topology, machine_type)
+    manifest = plan_manifest(config, num_processes=processes)
+    key = dump_key_of(manifest)
     store_uri = output_root.rstrip("/") + "/teacher_topk/" + key
-    print(f"plan_dump: dump key {key}; store {store_uri}")
-    outputs = collections.namedtuple("PlanOutputs", ["dump_key", "store_uri"])
-    return outputs(key, store_uri)
+    status = store_status(store_uri, manifest)
+    store.uri = store_uri
+    store.metadata.update({"dump_key": key, "fingerprint": manifest["fingerprint"], "processes": processes,
+                           "chunks_present": status.present, "chunks": status.expected, "teacher": teacher,
+                           "data": data})
+    state = "complete" if status.complete else f"{status.present} of {status.expected} chunks present"
+    print(f"plan_dump: dump key {key}; store {store_uri} ({state}; {processes} process(es))", flush=True)
+    outputs = collections.namedtuple("PlanOutputs", ["dump_key", "store_uri", "complete", "store_state"])
+    return outputs(key, store_uri, bool(status.complete), status.state)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
 INPUTS = {
-    "num_processes": "Hosts (JAX processes) of the dump: part of the store's layout, hence of its key.",
+    "num_processes": "Replicas of the dump job (hosts, or TPU slices): with the slice's hosts, the number of "
+                     "processes that write the store, part of its layout, hence of its key.",
+    "tpu_topology": "TPU slice topology of each replica (e.g. 4x4); empty for GPU or CPU machines.",
+    "machine_type": "Machine type of the dump hosts (ct5lp-hightpu-4t: 4 TPU chips per host).",
+    "store": "The store's location (its URI), whether or not the dump has run.",
 }
 
 

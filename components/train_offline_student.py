@@ -4,11 +4,21 @@ A thin wrapper over ``logit_distill.train.train_student``. Outputs: a ``Model``
 artifact (the training folder: Orbax checkpoints, ``metrics.jsonl``,
 ``eval.json`` and the Hugging Face export in ``hf/``), ``Metrics`` (final
 losses, held-out cross-entropy and perplexity when ``eval_data`` is given) and
-an ``HTML`` report with the loss curves as a picture. With ``output_dir`` the
-run trains there instead of under the artifact's URI, and a re-run with the
-same settings resumes from its latest checkpoint. ``resources`` (what the
-pipeline requested for the task) is recorded in the model's metadata.
+an ``HTML`` report with the loss curves as a picture; per-step curves also go
+to TensorBoard event files (``$AIP_TENSORBOARD_LOG_DIR`` on Vertex, else the
+folder's ``tensorboard/``).
+
+Where it trains: ``output_dir`` if given, else
+``<output_root>/students/<train_key>/`` (the key a fingerprint of the store and
+every training setting), else the ``Model`` artifact's URI. In the first two, a
+retried, preempted or resubmitted task with the same settings resumes from its
+latest checkpoint. On a multi-host job only process 0 writes the task's
+outputs; the others exit 0 once the training and its export are done.
+``resources`` (what the pipeline requested for the task) is recorded in the
+model's metadata; configuration values are metadata, not metrics.
 """
+
+from typing import NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
@@ -37,10 +47,11 @@ def train_offline_student(
     max_eval_examples: int = 0,
     grad_accum: int = 1,
     log_every: int = 10,
+    output_root: str = "",
     output_dir: str = "",
     title: str = "",
     resources: dict = {},
-):
+) -> NamedTuple("TrainOutputs", [("hf_dir", str)]):
     """Train ``student`` on ``store.uri``; export it; report its loss curves. ``-1`` / ``""`` mean "default"."""
     import base64
     import html
@@ -51,9 +62,22 @@ def train_offline_student(
     from logit_distill import paths
     from logit_distill.distributed import init_from_environment
     from logit_distill.train import train_student
+    from logit_distill.train.tensorboard import log_dir_for
 
+    from logit_distill.logs import configure_from_environment
+
+    configure_from_environment()
     init_from_environment()
-    output = output_dir or model.uri
+    import jax
+
+    from logit_distill.train.key import train_output
+
+    settings = {"student": student, "num_steps": num_steps, "batch_size": batch_size, "grad_accum": grad_accum,
+                "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed, "loss": loss,
+                "alpha": alpha, "alpha_end": alpha_end, "alpha_schedule": alpha_schedule,
+                "temperature": temperature}
+    # A folder named by the store and the settings: a retried or preempted task resumes there.
+    output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
     result = train_student(
         store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
         learning_rate=learning_rate, warmup_steps=None if warmup_steps < 0 else warmup_steps, seed=seed,
@@ -62,21 +86,22 @@ def train_offline_student(
         max_eval_examples=max_eval_examples or None, grad_accum=grad_accum, log_every=log_every,
         progress=False,
     )
+    if jax.process_index() != 0:
+        raise SystemExit(0)  # the checkpoint and export are complete; process 0 writes the task's outputs
     model.uri = result.output
     metrics_uri = paths.join(result.output, "metrics.jsonl")
     rows = [json.loads(line) for line in paths.read_bytes(metrics_uri).decode().splitlines() if line.strip()]
     model.metadata.update({
         "framework": "jax", "format": "orbax + huggingface safetensors", "hf_dir": result.hf_dir,
         "student": student, "store": store.uri, "num_steps": result.final_step, "loss": loss, "alpha": alpha,
-        "resources_requested": dict(resources),
+        "resources_requested": dict(resources), "settings": settings,
+        "resumed_from_step": result.resumed_from_step, "tensorboard": log_dir_for(result.output),
     })
 
     final = result.metrics or (rows[-1] if rows else {})
     for key in ("loss", "kd_loss", "ce_loss", "grad_norm", "tokens_per_s"):
         if key in final:
             metrics.log_metric(f"final_{key}", round(float(final[key]), 6))
-    metrics.log_metric("steps", result.final_step)
-    metrics.log_metric("resumed_from_step", -1 if result.resumed_from_step is None else result.resumed_from_step)
     if result.eval:
         metrics.log_metric("eval_cross_entropy", round(float(result.eval["cross_entropy"]), 6))
         metrics.log_metric("eval_perplexity", round(float(result.eval["perplexity"]), 4))
@@ -142,6 +167,9 @@ def train_offline_student(
     os.makedirs(os.path.dirname(report.path) or ".", exist_ok=True)
     with open(report.path, "w", encoding="utf-8") as f:
         f.write(page)
+    import collections
+
+    return collections.namedtuple("TrainOutputs", ["hf_dir"])(result.hf_dir)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
@@ -152,7 +180,7 @@ INPUTS = {
     "report": "Loss curves and schedules (HTML).",
     "max_eval_examples": "Evaluate on at most this many held-out examples (0: all).",
     "log_every": "Optimizer steps between metric rows.",
-    "output_dir": "Train here instead of under the model artifact's URI (a re-run resumes from it).",
+    "output_dir": "Train here instead of under <output_root>/students/<train_key>/ (a re-run resumes from it).",
     "title": "Title of the report.",
     "resources": "The resources the pipeline requested for the task (recorded in the model's metadata).",
 }

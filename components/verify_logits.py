@@ -5,8 +5,11 @@ A thin wrapper over ``logit_distill.verify.verify_store``. Outputs: ``Metrics``
 ``passed`` as 0/1), a ``Markdown`` report (every check with its result, the
 figures, the problems found) that the Vertex UI renders, and the boolean
 ``Output`` (passed) that the pipeline gates training on (a single return value:
-``kfp.local`` resolves conditions only on a task's ``Output``). A bad store does not fail the
-task: the report says what is wrong and training does not run.
+``kfp.local`` resolves conditions only on a task's ``Output``). A bad store does not fail this
+task, so its report is kept and shown; the pipeline then fails the run in ``verification_failed``
+with the report's first failing check. ``store_state`` (a digest of the store's committed chunk
+names) is an input only so that the cache key covers the store's content: a store that changed is
+verified again.
 """
 
 from kfp import dsl
@@ -27,12 +30,16 @@ def verify_logits(
     sample: int = 256,
     seed: int = 0,
     workers: int = 4,
+    store_state: str = "",
 ) -> bool:
     """Verify the store behind ``store.uri``; write the Markdown report; return whether every check passed."""
     import math
     import os
 
+    from logit_distill.logs import configure_from_environment
     from logit_distill.verify import verify_store
+
+    configure_from_environment()
 
     result = verify_store(
         store.uri, expected_steps=expected_steps or None, data=data or None, tokenizer=tokenizer or None,
@@ -46,15 +53,18 @@ def verify_logits(
 
     metrics.log_metric("passed", 1 if result.passed else 0)
     for c in result.checks:
-        metrics.log_metric(f"check_{c['name']}", {"passed": 1, "failed": 0, "skipped": -1}[c["status"]])
+        if c["status"] != "skipped":  # a skipped check is in the report and its metadata, not a number
+            metrics.log_metric(f"check_{c['name']}", 1 if c["status"] == "passed" else 0)
     for key, value in result.figures.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):
             continue
         metrics.log_metric(key, round(value, 6) if isinstance(value, float) else value)
-    report.metadata.update({"passed": result.passed, "store": store.uri,
-                            "failed_checks": [c["name"] for c in result.failed_checks]})
+    report.metadata.update({"passed": result.passed, "store": store.uri, "store_state": store_state,
+                            "failed_checks": [c["name"] for c in result.failed_checks],
+                            "skipped_checks": [c["name"] for c in result.checks if c["status"] == "skipped"],
+                            "first_failure": "" if result.passed else result.failure_line()})
     return bool(result.passed)
 
 
@@ -65,6 +75,7 @@ INPUTS = {
     "report": "The verification report (Markdown).",
     "seed": "Seed of the sampled records.",
     "workers": "Threads reading chunks.",
+    "store_state": "Digest of the store's committed chunk names (from plan_dump or the dump): the cache key.",
 }
 
 

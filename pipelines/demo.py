@@ -10,7 +10,9 @@
    and a student that learns its distributions (KD) has something to gain over
    one that only sees the sampled tokens (CE).
 2. Runs ``pipelines.pipeline.distill_pipeline`` (plan -> dump -> verify ->
-   train KD student + CE-only baseline) with ``kfp.local.SubprocessRunner``.
+   train KD student + CE-only baseline) with ``kfp.local.SubprocessRunner``
+   through ``pipelines.run_local``: one line per task, the full log in a file
+   (``-v`` shows it).
 3. Prints a summary: store size, bytes per entry, the verification result, the
    held-out loss of the teacher, the KD student and the CE-only student, and
    where the reports are.
@@ -48,6 +50,7 @@ PIPELINE_ARGS = {
     "learning_rate": 3e-3,
     "loss": "topk_tail_kl",
     "alpha": 1.0,
+    "dtype": "float32",
     "ce_baseline": True,
 }
 
@@ -101,40 +104,27 @@ def teacher_heldout(teacher: str, eval_data: str, seq_len: int) -> dict:
     return evaluate(loaded.apply, loaded.params, examples, batch_size=16)
 
 
-def run_pipeline(paths: dict, out: str, **overrides) -> str:
-    """Run the pipeline under kfp.local; return its run folder under ``<out>/kfp``."""
-    from kfp import local
+def run_pipeline(paths: dict, out: str, verbose: bool = False, **overrides):
+    """Run the pipeline under kfp.local (``pipelines.run_local``); return its ``LocalRun``."""
+    from pipelines.run_local import run
 
-    from pipelines.pipeline import distill_pipeline
-
-    root = os.path.join(out, "kfp")
-    before = set(glob.glob(os.path.join(root, "*")))
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
     args = {**PIPELINE_ARGS, "teacher": paths["teacher"], "student": paths["student"], "data": paths["data"],
             "eval_data": paths["eval_data"], "output_root": os.path.join(out, "stores"), **overrides}
-    distill_pipeline(**args)
-    runs = sorted(set(glob.glob(os.path.join(root, "*"))) - before, key=os.path.getmtime)
-    return runs[-1] if runs else ""
+    return run("logit-distill", args, root=os.path.join(out, "kfp"), verbose=verbose)
 
 
 def read_executor_metrics(run_dir: str, task: str) -> dict:
-    """The metrics a task logged (kfp.local keeps each task's executor output next to its outputs)."""
-    found = {}
-    for path in glob.glob(os.path.join(run_dir, task, "**", "executor_output.json"), recursive=True):
-        with open(path) as f:
-            out = json.load(f)
-        for name, arts in (out.get("artifacts") or {}).items():
-            for art in arts.get("artifacts", []):
-                found[name] = {"uri": art.get("uri"), "metadata": art.get("metadata") or {}}
-        for name, value in (out.get("parameterValues") or {}).items():
-            found[name] = value
-    return found
+    """The outputs a task wrote (see ``pipelines.run_local.task_outputs``)."""
+    from pipelines.run_local import task_outputs
+
+    return task_outputs(run_dir, task)
 
 
 def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tuple[str, bool]:
     """The printed summary, and whether the run did what the demo shows (verified, both students
     evaluated, the KD student below the CE-only one)."""
     dump = read_executor_metrics(run_dir, "dump-teacher-topk")
+    plan = read_executor_metrics(run_dir, "plan-dump")
     verify = read_executor_metrics(run_dir, "verify-logits")
     kd = read_executor_metrics(run_dir, "train-offline-student")
     ce = read_executor_metrics(run_dir, "train-offline-student-2")
@@ -146,11 +136,12 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
         "",
         "=" * 72,
         f"logit-distill demo: done in {elapsed:.0f} s",
-        f"  store            {dump.get('store', {}).get('uri')}",
-        f"                   {dm.get('examples')} examples, {dm.get('tokens')} tokens, {dm.get('store_mb')} MB, "
-        f"{dm.get('bytes_per_entry')} bytes per entry (top-{PIPELINE_ARGS['top_k']})",
-        f"                   resumed from step {dm.get('resumed_from_step')}, {dm.get('chunks_written_this_attempt')} "
-        f"chunks written now, {dm.get('tokens_per_s')} tokens/s",
+        f"  store            {plan.get('store_uri')}",
+        *([f"                   {dm.get('examples')} examples, {dm.get('tokens')} tokens, {dm.get('store_mb')} MB, "
+           f"{dm.get('bytes_per_entry')} bytes per entry (top-{PIPELINE_ARGS['top_k']})",
+           f"                   resumed from step {dm.get('resumed_from_step')}, "
+           f"{dm.get('chunks_written_this_attempt')} chunks written now, {dm.get('tokens_per_s')} tokens/s"]
+          if dm else ["                   complete already: the dump was skipped (no teacher loaded)"]),
         f"  verification     {'PASSED' if verify.get('Output') else 'FAILED'} "
         f"(teacher entropy {vm.get('mean_teacher_entropy_nats', float('nan')):.3f} nats, "
         f"top-k mass {vm.get('mean_topk_mass', float('nan')):.3f})",
@@ -177,7 +168,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(REPO, "demo-output"), help="demo folder (default demo-output/)")
     ap.add_argument("--train-steps", type=int, default=PIPELINE_ARGS["train_steps"])
-    ap.add_argument("--fresh", action="store_true", help="drop the stores of earlier demo runs first")
+    ap.add_argument("--fresh", action="store_true", help="drop the stores and students of earlier demo runs first")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show every task's full log")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -189,9 +181,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     paths = prepare_inputs(os.path.join(out, "inputs"))
     _log("running the pipeline under kfp.local (plan -> dump -> verify -> train KD + CE-only) ...")
-    run_dir = run_pipeline(paths, out, train_steps=args.train_steps)
+    result = run_pipeline(paths, out, verbose=args.verbose, train_steps=args.train_steps)
+    if result.log:
+        _log(f"the tasks' full log: {result.log}")
+    if not result.ok:
+        print(f"demo FAILED: {result.error}", file=sys.stderr)
+        return 1
     teacher_eval = teacher_heldout(paths["teacher"], paths["eval_data"], PIPELINE_ARGS["seq_len"])
-    text, ok = summary(run_dir, paths, teacher_eval, time.perf_counter() - t0)
+    text, ok = summary(result.run_dir, paths, teacher_eval, time.perf_counter() - t0)
     print(text, flush=True)
     return 0 if ok else 1
 

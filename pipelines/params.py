@@ -31,9 +31,11 @@ from typing import Any, Callable
 PLAN, DUMP, VERIFY, TRAIN = "plan_dump", "dump_teacher_topk", "verify_logits", "train_offline_student"
 
 REQUIRED = inspect.Parameter.empty
-BOTH = ("local", "vertex")
+BOTH = ("local", "vertex")  # the pipelines that dump
+ALL = ("local", "vertex", "from_store")  # ... and the one that starts from an existing store
 LOCAL = ("local",)
 VERTEX = ("vertex",)
+PLAIN = ("local", "from_store")  # plain components, resources as task requests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,30 @@ def _to(*components: str, **renamed: str) -> dict[str, str]:
 ACCELERATORS_HELP = ("Vertex accelerator enum name (NVIDIA_H100_80GB, NVIDIA_L4, TPU_V5_LITEPOD, ...; "
                      "ACCELERATOR_TYPE_UNSPECIFIED with count 0 for a CPU machine)")
 
+def _job_params(job: str, what: str, strategy: str) -> tuple[Param, ...]:
+    """The Vertex custom-job settings of the dump or the training job."""
+    v = dict(variants=VERTEX, group="vertex")
+    return (
+        Param(f"{job}_machine_type", str, "a3-highgpu-8g", f"Machine type of each {what} host (GPU: "
+              "a3-highgpu-8g, g2-standard-24, ...; TPU: ct5lp-hightpu-4t, ct6e-standard-4t, ...).", **v),
+        Param(f"{job}_tpu_topology", str, "", f"TPU slice topology of the {what} job (e.g. 4x4, 2x2x2); empty for "
+              "GPUs. A multi-host slice runs one process per host.", **v),
+        Param(f"{job}_strategy", str, strategy, f"Scheduling of the {what} job: SPOT (preemptible), STANDARD or "
+              "FLEX_START (waits up to max_wait_duration for capacity).",
+              choices=("SPOT", "STANDARD", "FLEX_START"), **v),
+        Param(f"{job}_timeout", str, "604800s", f"Longest the {what} job may run (seconds, e.g. 604800s = 7 days).",
+              **v),
+        Param(f"{job}_max_wait_duration", str, "86400s", "FLEX_START: longest wait for the machines (seconds).",
+              **v),
+        Param(f"{job}_boot_disk_type", str, "pd-ssd", f"Boot disk type of each {what} host.", **v),
+        Param(f"{job}_boot_disk_size_gb", int, 100, f"Boot disk size of each {what} host, in GB.", min=10, **v),
+        Param(f"{job}_reservation_affinity", dict, {}, f"Reservation affinity of the {what} hosts, as Vertex's "
+              "ReservationAffinity: {\"reservation_affinity_type\": \"SPECIFIC_RESERVATION\", \"key\": "
+              "\"compute.googleapis.com/reservation-name\", \"values\": [\"projects/P/zones/Z/reservations/R\"]} "
+              "(empty: none).", **v),
+    )
+
+
 # fmt: off
 PARAMS: tuple[Param, ...] = (
     # ---- inputs
@@ -84,9 +110,12 @@ PARAMS: tuple[Param, ...] = (
     Param("data", str, REQUIRED, "Training data: JSONL text or pre-tokenized ArrayRecord (file, glob or folder; "
           "local or gs://).", _to(PLAN, DUMP, VERIFY), group="inputs"),
     Param("student", str, REQUIRED, "Student: an HF checkpoint folder or gs:// prefix, or preset:NAME.",
-          _to(TRAIN), group="inputs"),
+          _to(TRAIN), variants=ALL, group="inputs"),
     Param("output_root", str, REQUIRED, "Where the stores and students live (gs:// on Vertex): the store is "
-          "<output_root>/teacher_topk/<dump_key>/.", _to(PLAN), group="inputs"),
+          "<output_root>/teacher_topk/<dump_key>/, a student <output_root>/students/<train_key>/.",
+          _to(PLAN, TRAIN), variants=ALL, group="inputs"),
+    Param("store", str, REQUIRED, "An existing logit store (local or gs://, written by the dump): the pipeline "
+          "verifies it and trains from it.", variants=("from_store",), group="inputs"),
     Param("num_steps", int, REQUIRED, "Dump steps (batches of batch_size examples) the store covers.",
           _to(PLAN, DUMP, **{VERIFY: "expected_steps"}), min=1, group="inputs"),
     # ---- the dump (every setting here but sharding changes the store's content, hence its key)
@@ -119,36 +148,37 @@ PARAMS: tuple[Param, ...] = (
           _to(DUMP), vertex_default="fsdp", choices=("replicate", "fsdp"), group="dump"),
     # ---- verification
     Param("verify_sample", int, 256, "Records whose values verify reads in full.", {VERIFY: "sample"}, min=0,
-          group="verify"),
+          variants=ALL, group="verify"),
     Param("spot_check", int, 0, "Store steps recomputed with the teacher and compared (0: none).",
           {VERIFY: "spot_check"}, min=0, group="verify"),
     # ---- training
-    Param("train_steps", int, 1000, "Student optimizer steps.", {TRAIN: "num_steps"}, min=1, group="train"),
-    Param("train_batch_size", int, 8, "Student examples per optimizer step.", {TRAIN: "batch_size"}, min=1,
+    Param("train_steps", int, 1000, "Student optimizer steps.", {TRAIN: "num_steps"}, min=1, variants=ALL,
           group="train"),
-    Param("learning_rate", float, 3e-4, "Peak AdamW learning rate.", _to(TRAIN), min=0.0, group="train"),
+    Param("train_batch_size", int, 8, "Student examples per optimizer step.", {TRAIN: "batch_size"}, min=1,
+          variants=ALL, group="train"),
+    Param("learning_rate", float, 3e-4, "Peak AdamW learning rate.", _to(TRAIN), min=0.0, variants=ALL, group="train"),
     Param("warmup_steps", int, -1, "Learning-rate warm-up steps (-1: the default, 5% of the steps).", _to(TRAIN),
-          min=-1, group="train"),
-    Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed"}, min=0, group="train"),
+          min=-1, variants=ALL, group="train"),
+    Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed"}, min=0, variants=ALL, group="train"),
     Param("loss", str, "", "KD loss (docs/LOSSES.md); empty: the store's default, topk_tail_kl for a top-k "
           "store, sampled_kl for a sampled one.", _to(TRAIN),
-          choices=("", "topk_kl", "topk_tail_kl", "sampled_kl"), group="train"),
+          choices=("", "topk_kl", "topk_tail_kl", "sampled_kl"), variants=ALL, group="train"),
     Param("alpha", float, 1.0, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
-          _to(TRAIN), min=0.0, max=1.0, group="train"),
+          _to(TRAIN), min=0.0, max=1.0, variants=ALL, group="train"),
     Param("alpha_end", float, -1.0, "alpha at the last step with a linear or cosine alpha_schedule "
-          "(-1: alpha).", _to(TRAIN), min=-1.0, max=1.0, group="train"),
+          "(-1: alpha).", _to(TRAIN), min=-1.0, max=1.0, variants=ALL, group="train"),
     Param("alpha_schedule", str, "constant", "How alpha moves to alpha_end.", _to(TRAIN),
-          choices=("constant", "linear", "cosine"), group="train"),
+          choices=("constant", "linear", "cosine"), variants=ALL, group="train"),
     Param("temperature", float, 1.0, "KD temperature T (the KD loss is scaled by T^2).", _to(TRAIN), min=1e-6,
-          group="train"),
+          variants=ALL, group="train"),
     Param("checkpoint_every", int, 500, "Optimizer steps between checkpoints.", _to(TRAIN), min=1,
-          group="train"),
+          variants=ALL, group="train"),
     Param("grad_accum", int, 1, "Micro-batches accumulated per optimizer step.", _to(TRAIN), min=1,
-          group="train"),
+          variants=ALL, group="train"),
     Param("eval_data", str, "", "Held-out data for the student's cross-entropy (empty: no evaluation).",
-          _to(TRAIN), group="train"),
+          _to(TRAIN), variants=ALL, group="train"),
     Param("ce_baseline", bool, False, "Also train a CE-only student (alpha = 0) on the same steps, to compare.",
-          group="train"),
+          variants=ALL, group="train"),
     # ---- resources of the plain (kfp.local / Kubeflow) variant
     Param("dump_cpu", str, "4", "CPU request of the dump task.", variants=LOCAL, group="resources"),
     Param("dump_memory", str, "16G", "Memory request of the dump task.", variants=LOCAL, group="resources"),
@@ -156,23 +186,32 @@ PARAMS: tuple[Param, ...] = (
           + ACCELERATORS_HELP + ").", vertex_default="NVIDIA_H100_80GB", group="resources"),
     Param("dump_accelerator_count", int, 0, "Accelerators per dump host.", vertex_default=8, min=0,
           group="resources"),
-    Param("train_cpu", str, "4", "CPU request of the training task.", variants=LOCAL, group="resources"),
-    Param("train_memory", str, "16G", "Memory request of the training task.", variants=LOCAL, group="resources"),
+    Param("train_cpu", str, "4", "CPU request of the training task.", variants=PLAIN, group="resources"),
+    Param("train_memory", str, "16G", "Memory request of the training task.", variants=PLAIN, group="resources"),
     Param("train_accelerator_type", str, "", "Accelerator of the training (as dump_accelerator_type).",
-          vertex_default="NVIDIA_H100_80GB", group="resources"),
+          vertex_default="NVIDIA_H100_80GB", variants=ALL, group="resources"),
     Param("train_accelerator_count", int, 0, "Accelerators per training host.", vertex_default=8, min=0,
-          group="resources"),
-    # ---- Vertex AI custom jobs
-    Param("dump_machine_type", str, "a3-highgpu-8g", "Machine type of each dump host.", variants=VERTEX,
-          group="vertex"),
-    Param("dump_strategy", str, "SPOT", "Scheduling of the dump job: SPOT (preemptible), STANDARD or "
-          "FLEX_START.", variants=VERTEX, choices=("SPOT", "STANDARD", "FLEX_START"), group="vertex"),
-    Param("train_machine_type", str, "a3-highgpu-8g", "Machine type of each training host.", variants=VERTEX,
-          group="vertex"),
-    Param("train_strategy", str, "STANDARD", "Scheduling of the training job: SPOT, STANDARD or FLEX_START.",
-          variants=VERTEX, choices=("SPOT", "STANDARD", "FLEX_START"), group="vertex"),
+          variants=ALL, group="resources"),
+    # ---- Vertex AI custom jobs (one set per job: _job_params below)
+    *_job_params("dump", "dump", strategy="SPOT"),
+    *_job_params("train", "training", strategy="STANDARD"),
+    Param("job_labels", dict, {}, "Labels of the dump and training custom jobs (submit --labels sets them and "
+          "the pipeline job's).", variants=VERTEX, group="vertex"),
+    Param("tensorboard", str, "", "Vertex AI TensorBoard instance (projects/P/locations/R/tensorboards/ID) the "
+          "training job streams to; needs base_output_directory.", variants=VERTEX, group="vertex"),
+    Param("base_output_directory", str, "", "gs:// folder of the training job's Vertex outputs (TensorBoard "
+          "logs under it when tensorboard is set).", variants=VERTEX, group="vertex"),
     Param("verify_cpu", str, "8", "CPU request of the verify task.", variants=VERTEX, group="vertex"),
     Param("verify_memory", str, "32G", "Memory request of the verify task.", variants=VERTEX, group="vertex"),
+    # ---- Vertex AI Model Registry
+    Param("register_model", bool, False, "Upload the KD student's Hugging Face export to the Model Registry.",
+          variants=VERTEX, group="registry"),
+    Param("model_display_name", str, "logit-distill-student", "Display name of the registered model.",
+          variants=VERTEX, group="registry"),
+    Param("serving_image", str, "", "Serving container of the registered model (e.g. a vLLM image, pinned); "
+          "required with register_model.", variants=VERTEX, group="registry"),
+    Param("model_version_aliases", list, [], "Version aliases of the registered model (e.g. [\"candidate\"]).",
+          variants=VERTEX, group="registry"),
 )
 # fmt: on
 
@@ -305,7 +344,10 @@ def parse_pairs(pairs: list[str], variant: str) -> dict:
 
 
 def check(values: dict, variant: str) -> list[str]:
-    """Problems of a full set of values (missing required ones, choices, ranges), one line each."""
+    """Problems of a set of values (missing required ones, choices, ranges, and what Vertex needs), one line
+    each. Values not given are taken at their defaults."""
+    import re
+
     known = {p.name: p for p in of(variant)}
     problems = [f"missing required parameter {n} (give {n}=...)" for n in required(variant) if n not in values]
     for name, value in values.items():
@@ -313,6 +355,19 @@ def check(values: dict, variant: str) -> list[str]:
             why = known[name].problem(value, variant)
             if why:
                 problems.append(why)
+    full = {**defaults(variant), **values}
+    if variant == "vertex":
+        root = full.get("output_root")
+        if root is not None and not str(root).startswith("gs://"):
+            problems.append(f"output_root={root!r} is not a gs:// prefix: a Vertex job's local disk is lost when "
+                            "it ends")
+        for name in ("dump_timeout", "dump_max_wait_duration", "train_timeout", "train_max_wait_duration"):
+            if name in full and not re.fullmatch(r"\d+s", str(full[name])):
+                problems.append(f"{name}={full[name]!r} is not a duration in seconds (e.g. 86400s)")
+        if full.get("register_model") and not full.get("serving_image"):
+            problems.append("register_model=true needs serving_image (the model's serving container)")
+        if full.get("tensorboard") and not str(full.get("base_output_directory", "")).startswith("gs://"):
+            problems.append("tensorboard needs base_output_directory=gs://... (where Vertex writes its logs)")
     return problems
 
 
@@ -321,8 +376,9 @@ def check(values: dict, variant: str) -> list[str]:
 
 def markdown_table() -> str:
     """The parameter table of docs/PIPELINE.md."""
-    rows = ["| parameter | type | default (plain) | default (Vertex) | description |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| parameter | type | `logit-distill` | `logit-distill-vertex` | `logit-distill-from-store` "
+            "| description |",
+            "| --- | --- | --- | --- | --- | --- |"]
 
     def shown(p: Param, variant: str) -> str:
         if variant not in p.variants:
@@ -332,5 +388,6 @@ def markdown_table() -> str:
 
     for p in PARAMS:
         rows.append(f"| `{p.name}` | {p.type.__name__} | {shown(p, 'local')} | {shown(p, 'vertex')} | "
+                    f"{shown(p, 'from_store')} | "
                     f"{_described(p, 'vertex').replace(' Required.', '').replace('|', '/')} |")
     return "\n".join(rows) + "\n"

@@ -1,86 +1,137 @@
-"""Submit the compiled Vertex pipeline as an ``aiplatform.PipelineJob``.
+"""Submit a compiled pipeline to Vertex AI Pipelines as an ``aiplatform.PipelineJob``.
 
     python -m pipelines.submit --project P --region R --pipeline-root gs://BUCKET/pipeline-root \\
-        --image REGION-docker.pkg.dev/P/REPO/logit-distill:TAG [--dry-run] [param=value ...]
+        --image REGION-docker.pkg.dev/P/REPO/logit-distill:TAG-cuda \\
+        [--cpu-image REGION-docker.pkg.dev/P/REPO/logit-distill:TAG-cpu] \\
+        [--service-account SA] [--network NET] [--labels k=v,...] [--experiment NAME] [--no-cache] \\
+        [--job-id ID] [--display-name NAME] [--template FILE] [--dry-run] [param=value ...]
 
 Builds the job from ``compiled/logit_distill_pipeline_vertex.yaml`` (or
-``--template``), with the component image replaced by ``--image`` (pinned: a
-tag other than latest, or a digest) and the given parameters, typed from the
-template's parameter definitions. Caching is left to the compiled task settings
-(``enable_caching`` is never passed: it would rewrite every task's caching
-options). ``--dry-run`` builds the job without network access (anonymous
-credentials) and prints its parameters and pipeline root.
+``--template``) with the placeholder images replaced by ``--image`` (dump and
+training) and ``--cpu-image`` (the CPU steps; default ``--image``), both pinned
+(a tag other than latest, or a digest), and the given parameters. Parameters
+are typed and checked against the pipeline's parameter table
+(``pipelines/params.py``: allowed values, ranges, a gs:// ``output_root``)
+before anything is sent. ``--labels`` label the pipeline job and every custom
+job it starts (the ``job_labels`` parameter). Caching is left to the compiled
+task settings unless ``--no-cache`` turns it off for the run. ``--dry-run``
+builds the job offline (anonymous credentials) and prints every resolved
+parameter, defaults included, the images, identity and network, and submits
+nothing.
 """
 
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TEMPLATE = os.path.join(REPO, "compiled", "logit_distill_pipeline_vertex.yaml")
+VARIANTS = {"logit-distill": "local", "logit-distill-vertex": "vertex", "logit-distill-from-store": "from_store"}
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 
 
-def _convert(name: str, text: str, kind: str):
-    try:
-        if kind == "NUMBER_INTEGER":
-            return int(text)
-        if kind == "NUMBER_DOUBLE":
-            return float(text)
-        if kind == "BOOLEAN":
-            low = text.strip().lower()
-            if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return low in ("true", "1", "yes")
-        if kind in ("LIST", "STRUCT"):
-            return json.loads(text)
-    except ValueError:
-        raise SystemExit(f"submit: error: parameter {name}={text!r} is not a valid {kind}") from None
-    return text
+class SubmitError(ValueError):
+    """Bad input to submit: one line, exit code 2."""
+
+
+def parse_labels(text: str | None) -> dict:
+    """``k=v,k2=v2`` -> dict, checked against Google Cloud's label rules."""
+    labels = {}
+    for item in filter(None, (text or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            raise SubmitError(f"--labels: {item!r} is not key=value with lowercase letters, digits, _ or - "
+                              "(keys start with a letter, both at most 63 characters)")
+        labels[key] = value
+    return labels
 
 
 def parse_params(pairs: list[str], spec: dict) -> dict:
-    """``["name=value", ...]`` -> typed values, checked against the pipeline's root parameters."""
+    """``["name=value", ...]`` -> typed values, checked against the pipeline's parameter table."""
+    from pipelines import params
+
+    variant = VARIANTS.get(spec["pipelineInfo"]["name"], "vertex")
     defs = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    values = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"submit: error: expected name=value, got {pair!r}")
-        if name not in defs:
-            raise SystemExit(f"submit: error: unknown parameter {name!r}; the pipeline has: {', '.join(sorted(defs))}")
-        values[name] = _convert(name, text, defs[name]["parameterType"])
-    missing = sorted(n for n, d in defs.items() if not d.get("isOptional") and n not in values)
-    if missing:
-        raise SystemExit(f"submit: error: missing required parameter(s): {', '.join(missing)} (give name=value)")
+    try:
+        values = params.parse_pairs(pairs, variant)
+    except ValueError as e:
+        raise SubmitError(str(e)) from None
+    unknown = sorted(set(values) - set(defs))
+    if unknown:
+        raise SubmitError(f"the template has no parameter {', '.join(unknown)}; recompile it (make compile)")
+    problems = params.check(values, variant)
+    if problems:
+        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
+        raise SubmitError(problems[0] + more)
     return values
 
 
-def with_image(template_text: str, image: str) -> str:
-    """The template with the compiled-in component image replaced by ``image``."""
-    from components.image import DEFAULT_IMAGE, check_image
+def resolved_params(values: dict, spec: dict) -> dict:
+    """Every parameter of the template with the value the run will use (given or default)."""
+    from pipelines import params
 
-    check_image(image)
-    if DEFAULT_IMAGE not in template_text:
-        raise SystemExit(f"submit: error: the template does not use the default image {DEFAULT_IMAGE}; "
-                         "it was compiled with another --image: submit it without --image or recompile")
-    return template_text.replace(DEFAULT_IMAGE, image)
+    defaults = params.defaults(VARIANTS.get(spec["pipelineInfo"]["name"], "vertex"))
+    defs = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    return {name: values.get(name, defaults.get(name, d.get("defaultValue"))) for name, d in sorted(defs.items())}
+
+
+def with_images(template_text: str, image: str | None, cpu_image: str | None) -> str:
+    """The template with the compiled-in placeholder images replaced; refuses to leave a placeholder."""
+    from components.image import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, PLACEHOLDER, check_image
+
+    text = template_text
+    for name, given, default in (("--image", image, DEFAULT_IMAGE), ("--cpu-image", cpu_image or image,
+                                                                      DEFAULT_CPU_IMAGE)):
+        if given:
+            try:
+                check_image(given)
+            except ValueError as e:
+                raise SubmitError(f"{name}: {e}") from None
+            text = text.replace(default, given)
+    if PLACEHOLDER in text:
+        raise SubmitError(f"the template still names the placeholder image ({PLACEHOLDER}): give --image (and "
+                          "--cpu-image) with the image you pushed (docs/PIPELINE.md, 'Build and push')")
+    return text
+
+
+def with_image(template_text: str, image: str) -> str:
+    """The template with both placeholder images replaced by ``image``."""
+    return with_images(template_text, image, None)
+
+
+def images_of(spec: dict) -> list[str]:
+    return sorted({ex["container"]["image"] for ex in spec["deploymentSpec"]["executors"].values()
+                   if "container" in ex} | set(re.findall(r'"image_uri": "([^"]+)"', json.dumps(spec))))
 
 
 def build_job(*, project: str, region: str, pipeline_root: str, image: str | None, params: list[str],
               template: str = DEFAULT_TEMPLATE, display_name: str | None = None, labels: dict | None = None,
-              credentials=None, work_dir: str | None = None):
-    """(``aiplatform.PipelineJob``, parameter values, the template file used)."""
+              credentials=None, work_dir: str | None = None, cpu_image: str | None = None,
+              enable_caching: bool | None = None, job_id: str | None = None):
+    """(``aiplatform.PipelineJob``, parameter values given, the template file used, the parsed spec)."""
     import yaml
     from google.cloud import aiplatform
 
-    with open(template, encoding="utf-8") as f:
-        text = f.read()
-    if image:
-        text = with_image(text, image)
+    if not project or not project.strip():
+        raise SubmitError("--project is empty: give the Google Cloud project id")
+    if not region or not region.strip():
+        raise SubmitError("--region is empty: give a Vertex AI region, e.g. us-central1")
+    if not pipeline_root.startswith("gs://"):
+        raise SubmitError(f"--pipeline-root {pipeline_root!r} is not a gs:// URI")
+    try:
+        with open(template, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise SubmitError(f"cannot read the template {template}: {e.strerror}") from None
+    text = with_images(text, image, cpu_image)
     spec = yaml.safe_load(text)
     values = parse_params(params, spec)
+    if labels and "job_labels" in spec["root"].get("inputDefinitions", {}).get("parameters", {}):
+        values.setdefault("job_labels", dict(labels))
     fd, path = tempfile.mkstemp(prefix="logit-distill-", suffix=".yaml", dir=work_dir)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
@@ -92,9 +143,11 @@ def build_job(*, project: str, region: str, pipeline_root: str, image: str | Non
         project=project,
         location=region,
         credentials=credentials,
-        labels=labels,
+        labels=labels or None,
+        enable_caching=enable_caching,  # None keeps the compiled settings (the dump cached on its key)
+        job_id=job_id,
     )
-    return job, values, path
+    return job, values, path, spec
 
 
 def main(argv=None) -> int:
@@ -103,37 +156,52 @@ def main(argv=None) -> int:
     ap.add_argument("--project", required=True)
     ap.add_argument("--region", required=True)
     ap.add_argument("--pipeline-root", required=True, help="gs:// prefix for the run's artifacts")
-    ap.add_argument("--image", default=None, help="the component image you pushed (pinned tag or digest)")
+    ap.add_argument("--image", default=None, help="the accelerator image you pushed (pinned tag or digest)")
+    ap.add_argument("--cpu-image", default=None, help="the CPU image of plan and verify (default: --image)")
     ap.add_argument("--template", default=DEFAULT_TEMPLATE)
     ap.add_argument("--display-name", default=None)
-    ap.add_argument("--service-account", default=None, help="service account the run uses")
-    ap.add_argument("--network", default=None, help="VPC network to peer with")
+    ap.add_argument("--job-id", default=None, help="the pipeline job's id (default: generated)")
+    ap.add_argument("--service-account", default=None,
+                    help="service account of the run and of every custom job it starts")
+    ap.add_argument("--network", default=None, help="VPC network of the run and its custom jobs")
+    ap.add_argument("--labels", default=None, help="k=v,... on the pipeline job and every custom job")
+    ap.add_argument("--experiment", default=None, help="Vertex AI Experiment to record the run in")
+    ap.add_argument("--no-cache", action="store_true", help="run every task (enable_caching=False)")
     ap.add_argument("--dry-run", action="store_true", help="build the job, print it, submit nothing")
     ap.add_argument("params", nargs="*", metavar="param=value")
     args = ap.parse_args(argv)
-    if not args.pipeline_root.startswith("gs://"):
-        ap.error("--pipeline-root must be a gs:// URI")
     credentials = None
     if args.dry_run:
         from google.auth.credentials import AnonymousCredentials
 
         credentials = AnonymousCredentials()
     try:
-        job, values, path = build_job(project=args.project, region=args.region, pipeline_root=args.pipeline_root,
-                                      image=args.image, params=args.params, template=args.template,
-                                      display_name=args.display_name, credentials=credentials)
-    except ValueError as e:
+        labels = parse_labels(args.labels)
+        job, values, path, spec = build_job(
+            project=args.project, region=args.region, pipeline_root=args.pipeline_root, image=args.image,
+            cpu_image=args.cpu_image, params=args.params, template=args.template, display_name=args.display_name,
+            labels=labels, credentials=credentials, enable_caching=False if args.no_cache else None,
+            job_id=args.job_id)
+    except (SubmitError, ValueError) as e:
         print(f"submit: error: {e}", file=sys.stderr)
         return 2
     runtime = job._gca_resource.runtime_config  # noqa: SLF001 - the request body as it will be sent
-    print(f"pipeline {job._gca_resource.display_name!r} from {args.template}")
+    print(f"pipeline      {job._gca_resource.display_name!r} from {args.template}")
     print(f"pipeline root {runtime.gcs_output_directory}")
-    print("parameters " + json.dumps(values, sort_keys=True))
+    print(f"images        {', '.join(images_of(spec))}")
+    print(f"identity      {args.service_account or '(the project default: Compute Engine default service account)'}")
+    print(f"network       {args.network or '(none)'}")
+    print(f"labels        {json.dumps(labels, sort_keys=True)}")
+    print(f"experiment    {args.experiment or '(none)'}")
+    print(f"caching       {'off for every task' if args.no_cache else 'as compiled'}")
+    print("parameters")
+    for name, value in resolved_params(values, spec).items():
+        print(f"  {name} = {json.dumps(value)}{'' if name in values else '  (default)'}")
     if args.dry_run:
         print("dry run: nothing submitted")
         os.remove(path)
         return 0
-    job.submit(service_account=args.service_account, network=args.network)
+    job.submit(service_account=args.service_account, network=args.network, experiment=args.experiment)
     os.remove(path)
     print(f"submitted {job.resource_name}")
     print(f"console: {job._dashboard_uri()}")  # noqa: SLF001

@@ -34,9 +34,10 @@ def work(tmp_path_factory):
     return {"root": root, "data": data, "eval_data": eval_data}
 
 
-def _plan(work):
+def _plan(work, store=None):
+    store = store or Dataset(name="store", uri=str(work["root"] / "plan-store"))
     return components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(work["root"] / "out"),
-                                          **SETTINGS)
+                                          store=store, **SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +56,23 @@ def test_plan_dump_names_the_store_by_its_fingerprint(work):
     from logit_distill.dump import DumpConfig, plan_manifest
     from logit_distill.store import dump_key
 
-    plan = _plan(work)
+    artifact = Dataset(name="store", uri=str(work["root"] / "planned"))
+    plan = _plan(work, artifact)
     assert len(plan.dump_key) == 16 and int(plan.dump_key, 16) >= 0
     assert plan.store_uri == str(work["root"] / "out") + "/teacher_topk/" + plan.dump_key
+    assert artifact.uri == plan.store_uri and artifact.metadata["dump_key"] == plan.dump_key
     config = DumpConfig(teacher=TEACHER, data=work["data"], output="", **SETTINGS)
     assert plan.dump_key == dump_key(plan_manifest(config))
-    other = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root="gs://b/x",
-                                           **{**SETTINGS, "top_k": 4})
-    assert other.dump_key != plan.dump_key and other.store_uri.startswith("gs://b/x/teacher_topk/")
+    assert plan.complete is False
+    # a TPU slice of 2x4 chips on 4-chip hosts is 2 processes: the plan's key is the 2-process layout
+    tpu = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(work["root"] / "x"),
+                                         store=Dataset(uri=str(work["root"] / "t")), tpu_topology="2x4",
+                                         machine_type="ct5lp-hightpu-4t", **SETTINGS)
+    assert tpu.dump_key == dump_key(plan_manifest(config, num_processes=2)) != plan.dump_key
+    assert tpu.store_uri == str(work["root"] / "x") + "/teacher_topk/" + tpu.dump_key
 
 
-def test_dump_writes_the_store_and_its_metrics(dumped):
+def test_dump_writes_the_store_and_its_metrics(work, dumped):
     store, metrics, plan = dumped["store"], dumped["metrics"], dumped["plan"]
     assert store.uri == plan.store_uri  # the artifact IS the store
     assert os.path.exists(os.path.join(store.uri, "manifest.json"))
@@ -75,9 +82,19 @@ def test_dump_writes_the_store_and_its_metrics(dumped):
     assert m["chunks_written_this_attempt"] == 3 and m["resumed_from_step"] == 0
     assert m["bytes_per_entry"] > 0 and m["tokens_per_s"] > 0
     assert dumped["out"].complete is True
+    # the plan now finds the store complete, with the state the dump reported
+    again = _plan(work)
+    assert again.complete is True and again.store_state == dumped["out"].store_state
 
 
-def test_dump_again_is_a_no_op(work, dumped):
+def test_dump_again_is_a_no_op(work, dumped, monkeypatch):
+    """A complete store: the scan finds every chunk before the teacher is loaded, and nothing else runs."""
+    import logit_distill.models
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("the teacher was loaded for a complete store")
+
+    monkeypatch.setattr(logit_distill.models, "load_model", tripwire)
     plan = dumped["plan"]
     metrics = Metrics(name="metrics", uri=str(work["root"] / "again" / "metrics"))
     store = Dataset(name="store", uri=str(work["root"] / "again" / "store"))
@@ -118,6 +135,8 @@ def test_verify_passes_a_good_store_and_fails_a_damaged_one(work, dumped, tmp_pa
     assert ok is False
     assert "FAILED" in open(report.path).read() and metrics.metadata["passed"] == 0
     assert metrics.metadata["check_coverage"] == 0
+    assert "check_spot_check" not in metrics.metadata  # skipped checks are no numbers
+    assert report.metadata["first_failure"].startswith("verify failed: ")
 
 
 def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path):
@@ -131,7 +150,9 @@ def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path
     assert os.path.exists(os.path.join(model.uri, "metrics.jsonl"))
     assert model.metadata["hf_dir"].endswith("hf") and model.metadata["resources_requested"] == {"cpu": "2"}
     m = metrics.metadata
-    assert m["steps"] == 4 and np.isfinite(m["eval_cross_entropy"]) and np.isfinite(m["final_loss"])
+    assert model.metadata["num_steps"] == 4 and np.isfinite(m["eval_cross_entropy"]) and np.isfinite(m["final_loss"])
+    assert all(v != -1 for v in m.values())  # no sentinel numbers among the metrics
+    assert os.listdir(os.path.join(model.uri, "tensorboard"))  # event files
     page = open(report.path).read()
     assert "data:image/png;base64," in page and "held-out cross-entropy" in page
 

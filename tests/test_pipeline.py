@@ -75,6 +75,15 @@ def test_parameters_have_one_home():
         assert all(d.get("description") for d in defs.values()), name
 
 
+def _tasks(d: dict) -> dict:
+    """Every task of a compiled pipeline, in the root DAG or a condition's sub-DAG, by display name."""
+    found = {}
+    for dag in [d["root"]["dag"]] + [c["dag"] for c in d["components"].values() if "dag" in c]:
+        for key, task in dag["tasks"].items():
+            found[task.get("taskInfo", {}).get("name", key)] = task
+    return found
+
+
 @pytest.mark.parametrize("name", sorted(compile_mod.OUTPUTS.values()))
 def test_compiled_yaml_is_a_pipeline_spec_with_the_dag(name):
     from google.protobuf import json_format
@@ -82,39 +91,102 @@ def test_compiled_yaml_is_a_pipeline_spec_with_the_dag(name):
 
     d = _spec(name)
     json_format.ParseDict(d, pipeline_spec_pb2.PipelineSpec())
-    tasks = d["root"]["dag"]["tasks"]
-    assert {"plan-dump", "dump-teacher-topk", "verify-logits"} <= set(tasks)
-    dump = tasks["dump-teacher-topk"]
-    assert dump["dependentTasks"] == ["plan-dump"]
-    assert dump["retryPolicy"]["maxRetryCount"] >= 1
-    assert dump["cachingOptions"] == {"enableCache": True}  # no static cacheKey
-    params = dump["inputs"]["parameters"]
-    assert params["dump_key"]["taskOutputParameter"] == {"outputParameterKey": "dump_key", "producerTask": "plan-dump"}
-    assert params["store_uri"]["taskOutputParameter"]["producerTask"] == "plan-dump"
-    assert tasks["verify-logits"]["dependentTasks"] == ["dump-teacher-topk"]
-    assert tasks["verify-logits"]["inputs"]["artifacts"]["store"]["taskOutputArtifact"]["producerTask"] == \
-        "dump-teacher-topk"
-    # verify -> (if verified) train
-    (cond,) = [t for t in tasks.values() if t.get("triggerPolicy")]
-    assert "verify-logits-Output" in cond["triggerPolicy"]["condition"]
-    assert "verify-logits" in cond["dependentTasks"]
-    sub = d["components"][cond["componentRef"]["name"]]["dag"]["tasks"]
-    assert sub["train-offline-student"]["componentRef"]["name"].startswith("comp-train-offline-student")
+    tasks = _tasks(d)
+    root = d["root"]["dag"]["tasks"]
+    assert {"verify-logits", "train-offline-student", "train-ce-baseline", "verification-failed"} <= set(tasks)
+    verify = tasks["verify-logits"]
+    if name != "logit_distill_from_store.yaml":
+        assert {"plan-dump", "dump-teacher-topk", "use-existing-store"} <= set(tasks)
+        assert "plan-dump" in root and "dump-teacher-topk" not in root  # the dump runs only when needed
+        dump = tasks["dump-teacher-topk"]
+        assert dump["retryPolicy"]["maxRetryCount"] >= 1
+        assert dump["retryPolicy"]["backoffMaxDuration"] == "604800s"  # the window covers a long dump
+        assert dump["cachingOptions"] == {"enableCache": True}  # no static cacheKey
+        assert verify["inputs"]["artifacts"]["store"]["taskOutputArtifact"] == {
+            "outputArtifactKey": "store", "producerTask": "plan-dump"}
+        # verify's cache key covers the store's state: from the dump, or from the plan when it was complete
+        state = verify["inputs"]["parameters"]["store_state"]["taskOutputParameter"]
+        branches = d["components"][root[state["producerTask"]]["componentRef"]["name"]]
+        oneof = branches["outputDefinitions"]["parameters"][state["outputParameterKey"]]
+        assert oneof["parameterType"] == "STRING"
+        text = json.dumps(branches["dag"])
+        assert "dump-teacher-topk" in text and "use-existing-store" in text
+    else:
+        assert verify["cachingOptions"] == {}  # an external store: verified on every run
+    assert tasks["train-offline-student"]["retryPolicy"]["maxRetryCount"] >= 1
+    # verify -> train if it passed, else the run fails
+    conds = [t for t in tasks.values() if t.get("triggerPolicy")]
+    assert any("verify-logits-Output" in c["triggerPolicy"]["condition"] for c in conds)
     images = json.dumps(d["deploymentSpec"]) + json.dumps(d["components"])
     assert ":latest" not in images
 
 
-def test_vertex_variant_runs_dump_and_train_as_custom_jobs():
+def _custom_job_inputs(d: dict, task: str) -> dict:
+    return _tasks(d)[task]["inputs"]["parameters"]
+
+
+def test_vertex_variant_runs_dump_and_train_as_custom_jobs_as_the_pipeline():
     d = _spec("logit_distill_pipeline_vertex.yaml")
-    dump_comp = d["components"][d["root"]["dag"]["tasks"]["dump-teacher-topk"]["componentRef"]["name"]]
-    pools = dump_comp["inputDefinitions"]["parameters"]["worker_pool_specs"]["defaultValue"]
-    assert "kfp.dsl.executor_main" in " ".join(pools[0]["container_spec"]["command"])
-    dump_inputs = d["root"]["dag"]["tasks"]["dump-teacher-topk"]["inputs"]["parameters"]
-    machine = dump_inputs["worker_pool_specs"]["runtimeValue"]["constant"][0]["machine_spec"]
-    assert "dump_machine_type" in machine["machine_type"] and "dump_accelerator_type" in machine["accelerator_type"]
-    assert dump_inputs["strategy"]["componentInputParameter"] == "dump_strategy"
+    for task, which in (("dump-teacher-topk", "dump"), ("train-offline-student", "train")):
+        inputs = _custom_job_inputs(d, task)
+        # the job runs as the pipeline's service account, in its network, with its key
+        assert inputs["service_account"]["runtimeValue"]["constant"] == "{{$.pipeline_service_account}}"
+        assert inputs["network"]["runtimeValue"]["constant"] == "{{$.pipeline_network}}"
+        assert inputs["encryption_spec_key_name"]["runtimeValue"]["constant"] == "{{$.pipeline_encryption_key_name}}"
+        assert inputs["labels"]["componentInputParameter"].endswith("job_labels")
+        for key in ("strategy", "timeout", "max_wait_duration"):
+            assert inputs[key]["componentInputParameter"].endswith(f"{which}_{key}")
+        (pool,) = inputs["worker_pool_specs"]["runtimeValue"]["constant"]
+        assert "kfp.dsl.executor_main" in " ".join(pool["container_spec"]["command"])
+        machine = pool["machine_spec"]
+        for key in ("machine_type", "accelerator_type", "accelerator_count", "tpu_topology", "reservation_affinity"):
+            assert f"{which}_{key}" in machine[key]
+        assert f"{which}_boot_disk_size_gb" in pool["disk_spec"]["boot_disk_size_gb"]
+    train = _custom_job_inputs(d, "train-offline-student")
+    assert train["tensorboard"]["componentInputParameter"].endswith("tensorboard")
+    job = d["components"][_tasks(d)["dump-teacher-topk"]["componentRef"]["name"]]
+    assert job["inputDefinitions"]["parameters"]["restart_job_on_worker_restart"]["defaultValue"] is False
     root_params = d["root"]["inputDefinitions"]["parameters"]
     assert root_params["dump_strategy"]["defaultValue"] == "SPOT"
+    assert root_params["dump_tpu_topology"]["defaultValue"] == ""
+    # the optional Model Registry upload of the KD student's HF export
+    tasks = _tasks(d)
+    assert "register-student" in tasks and tasks["student-hf-export"]["inputs"]["parameters"]["uri"]
+
+
+def test_multi_host_and_tpu_compiles(tmp_path):
+    written = compile_mod.compile_all(str(tmp_path), dump_replicas=2, train_replicas=2,
+                                      dump_retry_window="14d")
+    with open(written["vertex"]) as f:
+        d = yaml.safe_load(f)
+    tasks = _tasks(d)
+    for task in ("dump-teacher-topk", "train-offline-student"):
+        job = d["components"][tasks[task]["componentRef"]["name"]]
+        assert job["inputDefinitions"]["parameters"]["restart_job_on_worker_restart"]["defaultValue"] is True
+        pools = tasks[task]["inputs"]["parameters"]["worker_pool_specs"]["runtimeValue"]["constant"]
+        assert [p["replica_count"] for p in pools] == [1, 1]
+    assert tasks["dump-teacher-topk"]["retryPolicy"]["backoffMaxDuration"] == f"{14 * 86400}s"
+    # the plan counts the job's processes from the replicas and the TPU slice, as the dump will find them
+    plan = tasks["plan-dump"]["inputs"]["parameters"]
+    assert plan["num_processes"]["runtimeValue"]["constant"] == 2
+    assert plan["tpu_topology"]["componentInputParameter"] == "dump_tpu_topology"
+    # a TPU slice compiled as one replica: the whole job restarts with a worker when asked
+    written = compile_mod.compile_all(str(tmp_path / "tpu"), restart_job_on_worker_restart=True)
+    with open(written["vertex"]) as f:
+        d = yaml.safe_load(f)
+    job = d["components"][_tasks(d)["dump-teacher-topk"]["componentRef"]["name"]]
+    assert job["inputDefinitions"]["parameters"]["restart_job_on_worker_restart"]["defaultValue"] is True
+    from logit_distill.distributed import planned_processes
+
+    assert planned_processes(1, "4x4", "ct5lp-hightpu-4t") == 4
+    assert planned_processes(1, "2x2x2", "cloud-tpu") == 2
+    assert planned_processes(2, "", "a3-highgpu-8g") == 2
+
+
+IMAGE = "us-central1-docker.pkg.dev/proj/repo/logit-distill:0.1.0-cuda"
+CPU_IMAGE = "us-central1-docker.pkg.dev/proj/repo/logit-distill:0.1.0-cpu"
+REQUIRED = ["teacher=gs://bucket/teacher", "data=gs://bucket/data/*.array_record", "student=gs://bucket/student",
+            "output_root=gs://bucket/out", "num_steps=1000"]
 
 
 def test_submit_dry_run_builds_the_job_offline(tmp_path):
@@ -122,27 +194,81 @@ def test_submit_dry_run_builds_the_job_offline(tmp_path):
 
     from pipelines import submit
 
-    image = "us-central1-docker.pkg.dev/proj/repo/logit-distill:0.1.0-cuda"
-    job, values, path = submit.build_job(
-        project="proj", region="us-central1", pipeline_root="gs://bucket/root", image=image,
-        params=["teacher=gs://bucket/teacher", "data=gs://bucket/data/*.array_record", "student=gs://bucket/student",
-                "output_root=gs://bucket/out", "num_steps=1000", "top_k=32", "ce_baseline=true",
-                "learning_rate=0.001"],
+    job, values, path, spec = submit.build_job(
+        project="proj", region="us-central1", pipeline_root="gs://bucket/root", image=IMAGE, cpu_image=CPU_IMAGE,
+        params=REQUIRED + ["top_k=32", "ce_baseline=true", "learning_rate=0.001"], labels={"team": "distill"},
         credentials=AnonymousCredentials(), work_dir=str(tmp_path))
     runtime = job._gca_resource.runtime_config
     assert runtime.gcs_output_directory == "gs://bucket/root"
     assert values == {"teacher": "gs://bucket/teacher", "data": "gs://bucket/data/*.array_record",
                       "student": "gs://bucket/student", "output_root": "gs://bucket/out", "num_steps": 1000,
-                      "top_k": 32, "ce_baseline": True, "learning_rate": 0.001}
-    assert dict(runtime.parameter_values) == values
+                      "top_k": 32, "ce_baseline": True, "learning_rate": 0.001, "job_labels": {"team": "distill"}}
+    assert dict(job._gca_resource.labels)["team"] == "distill"
     with open(path) as f:
         text = f.read()
-    assert image in text and "YOUR_PROJECT" not in text
-    with pytest.raises(SystemExit, match="missing required"):
-        submit.build_job(project="p", region="r", pipeline_root="gs://b/r", image=None, params=["teacher=x"],
-                         credentials=AnonymousCredentials(), work_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="latest"):
-        submit.with_image(text, "example.com/ld:latest")
+    assert IMAGE in text and CPU_IMAGE in text and "YOUR_PROJECT" not in text
+    # the dump and the training on the accelerator image, plan and verify on the CPU image
+    assert set(submit.images_of(spec)) == {IMAGE, CPU_IMAGE,
+                                           "gcr.io/ml-pipeline/google-cloud-pipeline-components:2.22.0"}
+
+    def caching(job) -> dict:
+        d = type(job._gca_resource).to_dict(job._gca_resource)["pipeline_spec"]
+        return {t["taskInfo"]["name"]: t.get("cachingOptions", {}).get("enableCache", False)
+                for t in _tasks(d).values()}
+
+    # caching is left as compiled unless asked: the dump cached, the plan never
+    assert caching(job)["dump-teacher-topk"] is True and caching(job)["plan-dump"] is False
+    job2, *_ = submit.build_job(project="p", region="us-central1", pipeline_root="gs://b/r", image=IMAGE,
+                                params=REQUIRED,
+                                enable_caching=False, job_id="my-run-1", credentials=AnonymousCredentials(),
+                                work_dir=str(tmp_path))
+    assert job2.job_id == "my-run-1"
+    assert not any(caching(job2).values())
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "placeholder image"),
+    (["--image", "example.com/ld:latest"], "latest"),
+    (["--image", IMAGE, "dump_strategy=PREEMPTIBLE_PLEASE"], "dump_strategy='PREEMPTIBLE_PLEASE' is not one of"),
+    (["--image", IMAGE, "dtype=float8"], "dtype='float8' is not one of"),
+    (["--image", IMAGE, "train_steps=-5"], "train_steps=-5 is below its minimum"),
+    (["--image", IMAGE, "output_root=/tmp/out"], "output_root='/tmp/out' is not a gs:// prefix"),
+    (["--image", IMAGE, "num_steps=many"], "num_steps='many' is not a valid int"),
+    (["--image", IMAGE, "nonsense=1"], "unknown parameter 'nonsense'"),
+    (["--image", IMAGE, "--labels", "Team=X"], "--labels"),
+    (["--image", IMAGE, "register_model=true"], "needs serving_image"),
+    (["--image", IMAGE, "--project", ""], "--project is empty"),
+])
+def test_submit_refuses_bad_input_in_one_line(args, message, capsys):
+    from pipelines import submit
+
+    base = ["--project", "p", "--region", "us-central1", "--pipeline-root", "gs://b/root", "--dry-run"]
+    given = [a for a in args if "=" in a and not a.startswith("-")]
+    flags = [a for a in args if a not in given]
+    pairs = {p.split("=")[0]: p for p in REQUIRED}
+    pairs.update({p.split("=")[0]: p for p in given})
+    code = submit.main(base + flags + list(pairs.values()))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("submit: error: ") and message in err and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_submit_dry_run_prints_every_resolved_parameter(capsys):
+    from pipelines import params, submit
+
+    code = submit.main(["--project", "p", "--region", "us-central1", "--pipeline-root", "gs://b/root", "--dry-run",
+                        "--image", IMAGE, "--service-account", "sa@p.iam.gserviceaccount.com", "--network",
+                        "projects/1/global/networks/vpc", "--labels", "team=distill", "--no-cache",
+                        "--experiment", "kd-sweep"] + REQUIRED + ["top_k=32"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for p in params.of("vertex"):
+        assert f"  {p.name} = " in out, p.name
+    assert "  top_k = 32\n" in out and '  seq_len = 2048  (default)' in out
+    assert IMAGE in out and "sa@p.iam.gserviceaccount.com" in out and "projects/1/global/networks/vpc" in out
+    assert "kd-sweep" in out and "off for every task" in out and '"team": "distill"' in out
+    assert out.rstrip().endswith("dry run: nothing submitted")
 
 
 # ---------------------------------------------------------------- a local run that resumes a killed dump
@@ -182,9 +308,12 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
     write_pretokenized(eval_data, [rng.integers(0, 256, 128, dtype=np.int32) for _ in range(8)])
     output_root = str(tmp_path / "out")
 
+    from kfp.dsl import Dataset
+
     from components.plan_dump import plan_dump
 
-    plan = plan_dump(teacher=TEACHER, data=data, output_root=output_root, **DUMP)
+    plan = plan_dump(teacher=TEACHER, data=data, output_root=output_root, store=Dataset(uri=str(tmp_path / "p")),
+                     **DUMP)
 
     # 1. the dump, killed (SIGKILL: no clean-up) once its first chunks are committed
     kw = dict(teacher=TEACHER, data=data, store_uri=plan.store_uri, dump_key=plan.dump_key, **DUMP)
@@ -206,9 +335,10 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
     # 2. the pipeline under kfp.local: plan -> dump (resumes) -> verify -> train
     root = tmp_path / "kfp"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
-    distill_pipeline(teacher=TEACHER, data=data, student=STUDENT, output_root=output_root, eval_data=eval_data,
-                     verify_sample=16, spot_check=2, train_steps=3, train_batch_size=8, learning_rate=1e-3,
-                     loss="topk_kl", alpha=0.5, **DUMP)
+    args = dict(teacher=TEACHER, data=data, student=STUDENT, output_root=output_root, eval_data=eval_data,
+                verify_sample=16, spot_check=2, train_steps=3, train_batch_size=8, learning_rate=1e-3,
+                loss="topk_kl", alpha=0.5, **DUMP)
+    distill_pipeline(**args)
     (run,) = [d for d in root.iterdir() if d.name.startswith("logit-distill")]
     dump = read_executor_metrics(str(run), "dump-teacher-topk")
     assert dump["store"]["uri"] == plan.store_uri
@@ -219,6 +349,7 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
     assert read_executor_metrics(str(run), "verify-logits")["Output"] is True
     train = read_executor_metrics(str(run), "train-offline-student")
     assert os.path.exists(os.path.join(train["model"]["uri"], "hf", "config.json"))
+    assert train["model"]["uri"].startswith(os.path.join(output_root, "students", ""))  # keyed, resumable
     assert not (run / "train-offline-student-2").exists()  # no CE baseline unless asked
 
     # 3. the same store as an uninterrupted dump: same manifest, same chunks (names carry SHA-256)
@@ -229,6 +360,33 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
         ref, got = json.load(a), json.load(b)
     assert ref["fingerprint"] == got["fingerprint"]
     assert {k: v for k, v in ref.items() if k != "info"} == {k: v for k, v in got.items() if k != "info"}
+
+    # 4. a re-run on the complete store (run_local, as the demo does): no dump task, so no teacher loaded;
+    #    the training of the same settings is found complete in its keyed folder
+    from pipelines import run_local
+
+    again = run_local.run("logit-distill", {**args, "spot_check": 0}, root=str(tmp_path / "again"), echo=None)
+    assert again.ok, again.error
+    assert "dump-teacher-topk" not in again.tasks and again.tasks["use-existing-store"] == "SUCCESS"
+    assert read_executor_metrics(again.run_dir, "plan-dump")["complete"] is True
+    retrained = read_executor_metrics(again.run_dir, "train-offline-student")
+    assert retrained["model"]["uri"] == train["model"]["uri"]
+    assert retrained["model"]["metadata"]["resumed_from_step"] == 3
+
+    # 5. a chunk damaged in place (same name): verification fails, and with it the run, naming the check
+    victim = os.path.join(plan.store_uri, _chunks(plan.store_uri)[1])
+    with open(victim, "r+b") as f:
+        f.seek(os.path.getsize(victim) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    code = subprocess.run([sys.executable, "-m", "pipelines.run_local", "--root", str(tmp_path / "bad")]
+                          + [f"{k}={v}" for k, v in {**args, "spot_check": 0}.items()],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert code.returncode == 1, code.stdout + code.stderr
+    (line,) = [ln for ln in code.stderr.splitlines() if ln.startswith("run_local: error:")]
+    assert "verification-failed" in line and "verify failed: integrity" in line, line
+    assert "train-offline-student" not in code.stdout
 
 
 def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
@@ -247,3 +405,59 @@ def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
             if line.strip().startswith(name + " ") and "/" not in line:  # not the report paths
                 values[name] = float(line.split()[-1])
     assert values["teacher"] < values["KD student"] < values["CE-only student"], values
+
+
+def test_from_store_pipeline_resumes_a_killed_training(tmp_path):
+    """logit-distill-from-store (import -> verify -> train) under kfp.local; the training task killed after
+    its first checkpoint resumes from it when the run is repeated (its folder is keyed by the settings)."""
+    import numpy as np
+
+    from logit_distill.data import write_pretokenized
+    from logit_distill.dump import DumpConfig, run_dump
+    from pipelines import run_local
+
+    rng = np.random.default_rng(2)
+    data = str(tmp_path / "train.array_record")
+    write_pretokenized(data, [rng.integers(0, 256, 64, dtype=np.int32) for _ in range(64)])
+    store = str(tmp_path / "store")
+    run_dump(DumpConfig(teacher=TEACHER, data=data, output=store, num_steps=4, top_k=8, seq_len=64,
+                        batch_size=8, steps_per_file=2, progress=False))
+    out = tmp_path / "out"
+    args = [f"store={store}", f"student={STUDENT}", f"output_root={out}", "train_steps=24", "train_batch_size=4",
+            "checkpoint_every=4", "verify_sample=4", "learning_rate=0.001"]
+    cmd = [sys.executable, "-m", "pipelines.run_local", "--pipeline", "logit-distill-from-store",
+           "--root", str(tmp_path / "kfp")] + args
+
+    def checkpoints() -> list[int]:
+        found = []
+        for ckpt in (out / "students").glob("*/checkpoints"):
+            found += [int(n) for n in os.listdir(ckpt) if n.isdigit()]
+        return found
+
+    # 1. killed (the whole process group: the run and its task subprocess) once a checkpoint is committed
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and proc.poll() is None and not checkpoints():
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before a checkpoint could be seen"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    saved = max(checkpoints())
+    assert 4 <= saved < 24
+
+    # 2. the same run again: the training resumes from that checkpoint and finishes
+    result = run_local.run("logit-distill-from-store",
+                           {"store": store, "student": STUDENT, "output_root": str(out), "train_steps": 24,
+                            "train_batch_size": 4, "checkpoint_every": 4, "verify_sample": 4,
+                            "learning_rate": 0.001},
+                           root=str(tmp_path / "kfp2"), echo=None)
+    assert result.ok, result.error
+    assert result.tasks["verify-logits"] == "SUCCESS" and result.tasks["train-offline-student"] == "SUCCESS"
+    train = run_local.task_outputs(result.run_dir, "train-offline-student")
+    meta = train["model"]["metadata"]
+    assert meta["resumed_from_step"] >= saved and meta["num_steps"] == 24
+    assert train["model"]["uri"].startswith(str(out / "students"))
+    assert os.listdir(os.path.join(train["model"]["uri"], "tensorboard"))

@@ -35,3 +35,28 @@ def init_from_environment() -> None:
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
     elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
         jax.distributed.initialize()
+
+
+def tpu_hosts(topology: str, machine_type: str = "") -> int:
+    """Hosts of a TPU slice: its chips (the product of the topology's dimensions, e.g. ``4x4`` = 16)
+    over the chips per host (the machine type's ``-<N>t`` suffix, e.g. ``ct5lp-hightpu-4t``; 4 otherwise,
+    as on v4 and v5p hosts). Empty topology: one host."""
+    import math
+    import re
+
+    from .errors import InputError
+
+    if not topology:
+        return 1
+    if not re.fullmatch(r"\d+(x\d+){1,2}", topology):
+        raise InputError(f"tpu_topology {topology!r} is not of the form AxB or AxBxC (e.g. 4x4, 2x2x2)")
+    chips = math.prod(int(d) for d in topology.split("x"))
+    m = re.search(r"-(\d+)t$", machine_type or "")
+    per_host = int(m.group(1)) if m else 4
+    return max(1, chips // per_host)
+
+
+def planned_processes(replicas: int, tpu_topology: str = "", machine_type: str = "") -> int:
+    """JAX processes a custom job will run: its replicas times the hosts of each replica's TPU slice.
+    The dump checks its key against ``jax.process_count()``, so the two agree when this is right."""
+    return int(replicas) * tpu_hosts(tpu_topology, machine_type)

@@ -361,6 +361,9 @@ def run_dump(config: DumpConfig) -> DumpResult:
     outputs.check_output(config.output, "--output", kind="dir", own_store=True,
                          inputs={"--teacher": config.teacher, "--data": config.data,
                                  "--tokenizer": config.tokenizer})
+    done = _already_complete(config, t_start)
+    if done is not None:  # a scan of names found every chunk: no teacher is loaded, nothing is written
+        return done
     lease = Lease(config.output, timeout_s=config.lease_timeout_s, force_takeover=config.force_takeover)
     lease.check_free()  # a second dump refuses at once, before loading anything
     process, _ = _process_info()
@@ -444,12 +447,12 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
                     if pending is not None:
                         finish(pending)
                         steps_run += 1
-                        bar.update(1)
+                        bar.update(config.batch_size * config.seq_len)
                     pending = (step, local, out)
                 if pending is not None and not stop.event.is_set():
                     finish(pending)
                     steps_run += 1
-                    bar.update(1)
+                    bar.update(config.batch_size * config.seq_len)
                 if stop.event.is_set():
                     writer.abort()
                     committed = writer.committed
@@ -466,6 +469,39 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
     elapsed_compute = time.perf_counter() - t_compute
 
     _barrier("logit-distill-dump-done")
+    result = _result(uri, manifest, present, len(committed), steps_run, resumed_from, elapsed_compute, t_start,
+                     first_step_at)
+    if process == 0:
+        print(f"logit-distill dump: {result.summary()}", file=sys.stderr, flush=True)
+    return result
+
+
+def _already_complete(config: DumpConfig, t_start: float) -> DumpResult | None:
+    """The result of a dump with nothing to do, when the store already holds every chunk of the
+    planned manifest; None otherwise (and when the number of steps is left to the data)."""
+    from .store.status import store_status
+
+    if config.num_steps is None:
+        return None
+    process, num_processes = _process_info()
+    manifest = plan_manifest(config, num_processes)
+    status = store_status(config.output, manifest)
+    if not status.complete:
+        return None
+    if process == 0:
+        print(f"logit-distill dump: {config.output}: nothing to do: all {status.expected} chunks present "
+              "(the teacher was not loaded)", file=sys.stderr, flush=True)
+    return _result(config.output, manifest, status.present, 0, 0, manifest["layout"]["num_steps"], 0.0, t_start,
+                   None)
+
+
+def _result(uri: str, manifest: dict, present: int, chunks_written: int, steps_run: int, resumed_from: int,
+            elapsed_compute: float, t_start: float, first_step_at: float | None) -> DumpResult:
+    """What a dump did, with the store as a final scan finds it."""
+    _, num_processes = _process_info()
+    layout = manifest["layout"]
+    B, num_steps = layout["examples_per_step"], layout["num_steps"]
+    b = B // num_processes
     final = store_mod.scan(uri, manifest)
     files = {f["name"]: f["size"] for f in paths.list_files(uri)}
     store_bytes = sum(files.get(c.name, 0) for c in final.chunks.values())
@@ -480,7 +516,7 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
         resumed_from_step=resumed_from,
         steps_run=steps_run,
         chunks_present_at_start=present,
-        chunks_written=len(committed),
+        chunks_written=chunks_written,
         chunks_expected=final.num_expected,
         examples=examples,
         tokens=positions,
@@ -492,18 +528,18 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
         complete=final.complete,
         time_to_first_step_s=None if first_step_at is None else first_step_at - t_start,
     )
-    if process == 0:
-        print(f"logit-distill dump: {result.summary()}", file=sys.stderr, flush=True)
     return result
 
 
 def _progress(config: DumpConfig, total: int, num_steps: int, process: int):
     from tqdm import tqdm
 
+    # Counted in tokens, so the rate reads as tokens/s; one update per step.
+    tokens_per_step = config.batch_size * config.seq_len
     return tqdm(
-        total=total, unit="step", desc="dump", disable=not config.progress or process != 0,
-        file=sys.stderr, dynamic_ncols=True,
-        postfix=f"of {num_steps} steps, {config.batch_size * config.seq_len} tokens/step",
+        total=total * tokens_per_step, unit="tok", unit_scale=True, desc="dump",
+        disable=not config.progress or process != 0, file=sys.stderr, dynamic_ncols=True,
+        postfix=f"{total} of {num_steps} steps to run, {tokens_per_step} tokens/step",
     )
 
 

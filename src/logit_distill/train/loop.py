@@ -166,6 +166,9 @@ class MetricsLog:
                     self.lines.append(json.dumps(rec, sort_keys=True))
         self.flush()
         self._file = open(paths.local_path(self.uri), "a") if self.local else None
+        from .tensorboard import TensorBoard
+
+        self.tensorboard = TensorBoard(output, purge_step=keep_up_to_step)
 
     @property
     def last(self) -> dict | None:
@@ -174,11 +177,14 @@ class MetricsLog:
     def write(self, rec: dict) -> None:
         line = json.dumps(rec, sort_keys=True)
         self.lines.append(line)
+        self.tensorboard.write(rec)
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()
 
     def flush(self) -> None:
+        if getattr(self, "tensorboard", None) is not None:
+            self.tensorboard.flush()
         if self.local and getattr(self, "_file", None) is not None:
             self._file.flush()
             return
@@ -190,6 +196,7 @@ class MetricsLog:
             self._file = None
         else:
             self.flush()
+        self.tensorboard.close()
 
 
 def _host_params(params):
@@ -502,6 +509,9 @@ def train_student(
                 if metrics_log is not None and not metrics_log.local:
                     metrics_log.flush()
             if bar is not None:
+                if last_metrics:
+                    bar.set_postfix_str(f"{last_metrics['tokens_per_s']:.0f} tokens/s, loss {last_metrics['loss']:.4f}",
+                                        refresh=False)
                 bar.update(1)
             if stop.event.is_set() and done < num_steps:  # preempted: save here, a re-run resumes exactly
                 if pending is not None:

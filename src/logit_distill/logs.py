@@ -1,0 +1,31 @@
+"""Quiet by default: the libraries underneath (Orbax, absl, JAX, gcsfs, ...) log at WARNING unless asked.
+
+The CLI calls ``configure(verbose)`` (``-v``); the pipeline components call
+``configure_from_environment()`` (``LOGIT_DISTILL_VERBOSE=1`` for more), so a
+Vertex task's log holds what matters: progress, summaries and warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENV = "LOGIT_DISTILL_VERBOSE"
+LIBRARIES = ("absl", "orbax", "jax", "jax._src", "gcsfs", "fsspec", "google", "google_auth_httplib2", "urllib3",
+             "grain", "tensorboardX", "matplotlib", "PIL", "etils")
+
+
+def configure(verbose: bool = False) -> None:
+    level = logging.INFO if verbose else logging.WARNING
+    for name in LIBRARIES:
+        logging.getLogger(name).setLevel(level)
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
+    except ImportError:  # absl comes with JAX; without it there is nothing to quiet
+        pass
+
+
+def configure_from_environment() -> None:
+    configure(os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes"))
