@@ -60,7 +60,7 @@ class Param:
     def problem(self, value: Any, variant: str = "vertex") -> str | None:
         """Why ``value`` is not acceptable for this parameter, or None."""
         if self.choices is not None and value not in self.choices:
-            return f"{self.name}={value!r} is not one of {', '.join(map(str, self.choices))}"
+            return f"{self.name}={value!r} is not one of {', '.join(repr(c) for c in self.choices)}"
         if self.min is not None and value < self.min:
             return f"{self.name}={value!r} is below its minimum {self.min:g}"
         if self.max is not None and value > self.max:
@@ -261,7 +261,7 @@ def docstring(summary: str, variant: str) -> str:
 def _described(p: Param, variant: str) -> str:
     text = p.help
     if p.choices is not None:
-        text += " One of: " + ", ".join(map(str, p.choices)) + "."
+        text += " One of: " + ", ".join('""' if c == "" else str(c) for c in p.choices) + "."
     if p.default_in(variant) is REQUIRED:
         text += " Required."
     return text
