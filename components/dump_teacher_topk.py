@@ -70,6 +70,10 @@ def dump_teacher_topk(
         proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
         tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
         dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, sharding=sharding, progress=False,
+        # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
+        # dead, only stale (not refreshed for its timeout, 120 s; the retries back off 60 s, then 120 s, ...).
+        # A live lease (another run dumping the same store right now) is still refused.
+        force_takeover=True,
     )
     # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,
     # before anything is written.

@@ -169,6 +169,55 @@ def test_paths_refuse_an_empty_base():
     assert paths.join("/", "x") == "/x"  # the root itself, given on purpose, still works
 
 
+def test_gcs_report_inside_the_store_is_refused(gcs_bucket, capsys):
+    from dump_helpers import store_files
+
+    uri = gcs_bucket + "/s"
+    write_store(uri, small_manifest(num_steps=2, steps_per_file=1))
+    before = store_files(uri)
+    code, _, err = run_cli(capsys, "verify", "--store", uri, "--no-progress", "--report-md", uri + "/manifest.json")
+    assert_one_line_error(code, err, command="verify", contains=("logit store gs://",))
+    assert store_files(uri) == before
+
+
+def test_verify_report_under_a_regular_file_is_refused(small_store, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, "verify", "--store", small_store, "--no-progress",
+                           "--report-json", tmp_path / "afile" / "r.json")
+    assert_one_line_error(code, err, command="verify", contains=("is a file, not a folder",))
+    assert snapshot(tmp_path) == before
+
+
+def test_debug_shows_the_traceback_then_the_line(small_store, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "--debug", "verify", "--store", small_store, "--no-progress",
+                           "--report-json", os.path.join(small_store, "manifest.json"))
+    assert code == 2 and "Traceback" in err
+    assert err.strip().splitlines()[-1].startswith("logit-distill verify: error: ")
+
+
+@pytest.mark.parametrize("error,hint", [
+    (PermissionError(13, "Permission denied", "/o/x"), "permissions"),
+    (OSError(30, "Read-only file system", "/o/x"), "read-only"),
+    (OSError(28, "No space left on device", "/o/x"), "free some space"),
+    (IsADirectoryError(21, "Is a directory", "/o/x"), "give a file path"),
+    (NotADirectoryError(20, "Not a directory", "/o/x"), "not a folder"),
+])
+def test_every_os_error_is_one_line_with_a_hint(error, hint):
+    from logit_distill.failures import describe
+
+    code, line = describe(error)
+    assert code == 2 and "\n" not in line and line.startswith("error: ")
+    assert "/o/x" in line and hint in line
+
+
+def test_unexpected_errors_are_one_line_too():
+    from logit_distill.failures import describe
+
+    code, line = describe(RuntimeError("boom\nsecond line"))
+    assert code == 1 and "\n" not in line and "--debug" in line
+
+
 # ----------------------------------------------------------------- options and one-line failures
 
 
@@ -493,3 +542,17 @@ def test_disk_full_during_the_dump_is_one_line(small_fs, dump_setup, tmp_path):
     assert after["keep.bin"] == before["keep.bin"]
     assert not (out / "lease.json").exists()
     assert not [n for n in os.listdir(out) if n.startswith(".tmp-")]  # no temporary left behind
+
+
+def test_a_dump_that_fails_before_its_first_chunk_leaves_no_manifest(small_fs, dump_setup, capsys):
+    """Disk full at the first chunk: the manifest written by this run goes again, so the corrected
+    command (here: the same one with room) is not refused as another configuration."""
+    from dump_helpers import dump_args
+
+    small_fs.mount("16k")
+    out = small_fs.path / "s"
+    args = dump_args(dump_setup["teacher"], dump_setup["data"], str(out),
+                     **{**LEASE_DUMP, "seq_len": 32, "top_k": 16, "codec": "exact"})
+    code, _, err = run_cli(capsys, *args)
+    assert_one_line_error(code, err, command="dump", contains=("No space left on device",))
+    assert not out.exists()  # no manifest, no lease, no temporary, no folder

@@ -371,12 +371,28 @@ def run_dump(config: DumpConfig) -> DumpResult:
         lease.acquire()  # before the teacher loads: two dumps never both spend minutes loading it
     else:
         lease = None
+    had_manifest = lease is None or paths.exists(paths.join(config.output, manifest_mod.MANIFEST_NAME))
     try:
         teacher, source, manifest = prepare(config)
         return _run_dump_leased(config, teacher, source, manifest, lease, t_start)
+    except BaseException:
+        if not had_manifest:
+            _forget_unused_manifest(config.output)
+        raise
     finally:
         if lease is not None:
             lease.release()
+
+
+def _forget_unused_manifest(uri: str) -> None:
+    """A run that created the manifest and failed before its first chunk removes the manifest again,
+    so that a corrected command is not refused as "another configuration". (It holds the lease.)"""
+    try:
+        names = [f["name"] for f in paths.list_files(uri, with_sizes=False)]
+        if manifest_mod.MANIFEST_NAME in names and not any(n.startswith("chunk-") for n in names):
+            paths.remove(paths.join(uri, manifest_mod.MANIFEST_NAME))
+    except Exception as e:  # noqa: BLE001 - the original failure is the one to report
+        log.warning("%s: could not remove the unused manifest: %s", uri, e)
 
 
 def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_start) -> DumpResult:
