@@ -4,8 +4,9 @@ A dump holds ``<store>/lease.json`` while it runs. The lease object is created
 only if absent (locally a hard link of a complete temporary file, which fails
 if the name exists; on GCS an upload with the precondition
 ``ifGenerationMatch=0``), and refreshed by its holder every
-``timeout_s / 4`` seconds (locally a rename after checking the holder; on GCS
-an upload with ``ifGenerationMatch=<generation it read>``). It is released
+``timeout_s / 4`` seconds (locally the file's modification time, after checking
+that it still holds the holder's token; on GCS an upload with
+``ifGenerationMatch=<generation it holds>``). It is released
 (deleted) when the dump ends, however it ends.
 
 A second dump finds the lease and refuses, naming the holder. A lease is
@@ -23,6 +24,7 @@ a forced takeover, presumed dead): start-up cleanup removes them then, and only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,70 +72,75 @@ def describe(record: dict) -> str:
 
 class _Local:
     """Locally: create = hard link of a complete file (fails if the name exists); refresh = the
-    file's mtime, after checking it is still the same file (inode); takeover = rename aside
-    (of two takers one wins), then create."""
+    file's mtime, after checking it still holds our token; takeover = rename aside (of two
+    takers one wins), check the token, then create."""
 
     def __init__(self, path: str):
         self.path = path
         self.dir = os.path.dirname(path)
         self.created_dir = False
 
-    def read(self):
-        """(record, version, refreshed_at) or (None, None, None) when absent."""
+    def read(self, path: str | None = None):
+        """(record, version, refreshed_at) or (None, None, None) when absent; the version is the
+        holder's random token (inode numbers are reused at once on some file systems)."""
         try:
-            with open(self.path, "rb") as f:
+            with open(path or self.path, "rb") as f:
                 data = f.read()
                 st = os.fstat(f.fileno())
         except FileNotFoundError:
             return None, None, None
-        return _parse(data, self.path), st.st_ino, st.st_mtime
+        record = _parse(data, self.path)
+        return record, record.get("token"), st.st_mtime
 
     def create(self, data: bytes) -> bool:
         if not os.path.isdir(self.dir):
             os.makedirs(self.dir, exist_ok=True)
             self.created_dir = True
         tmp = os.path.join(self.dir, f"{paths.TMP_PREFIX}lease-{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             os.link(tmp, self.path)  # fails if the name exists: created only if absent
             return True
-        except FileExistsError:
+        except (FileExistsError, FileNotFoundError):
+            # exists; or our temporary was removed by the start-up cleanup of a dump that holds the lease
             return False
         finally:
-            os.remove(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
     def refresh(self, version, data: bytes):
+        if self.read()[1] != version:
+            return None
         try:
-            if os.stat(self.path).st_ino != version:
-                return None
-            os.utime(self.path)
+            os.utime(self.path)  # (if a taker replaced it just now, this refreshes the taker's: harmless)
         except FileNotFoundError:
             return None
         return version
 
     def take(self, version, data: bytes) -> bool:
-        aside = f"{self.path}.{uuid.uuid4().hex}"
+        aside = os.path.join(self.dir, f"{paths.TMP_PREFIX}lease-aside-{uuid.uuid4().hex}")
         try:
             os.rename(self.path, aside)  # of two takers, one wins the rename
         except FileNotFoundError:
             return False
         try:
-            if os.stat(aside).st_ino != version:  # not the lease we judged: put it back
-                try:
+            if self.read(aside)[1] != version:  # not the lease we judged: put it back
+                with contextlib.suppress(FileExistsError):
                     os.link(aside, self.path)
-                except FileExistsError:
-                    pass
                 return False
+        except FileNotFoundError:
+            return False
         finally:
-            os.remove(aside)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(aside)
         return self.create(data)
 
     def delete(self, version) -> None:
         try:
-            if os.stat(self.path).st_ino == version:
+            if self.read()[1] == version:
                 os.remove(self.path)
             if self.created_dir and not os.listdir(self.dir):
                 os.rmdir(self.dir)  # a dump that failed before writing anything leaves nothing behind
