@@ -160,7 +160,8 @@ def render(doc: dict) -> str:
         r = results[key]
         lines.append(f"| `{key}` | {value_text(key, r['value'])} | {goal_text(key)} | {met(key, r['value'])} | "
                      f"{explain(key, r['details'], results).replace('|', '/')} |")
-    missing = [k for k in ORDER if k not in results]
+    lines += _fidelity_section(results.get("fidelity"))
+    missing = [k for k in ORDER + ["fidelity"] if k not in results]
     if missing:
         lines += ["", f"Not measured in this run: {', '.join(f'`{k}`' for k in missing)}."]
     if meta.get("errors"):
@@ -194,6 +195,65 @@ def render(doc: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+FIDELITY_LABELS = {
+    "ce_only": "CE only (alpha 0)",
+    "full_kd_online": "full distribution, online (k = V, reference)",
+    "topk_kl_k64": "`topk_kl`, k = 64",
+    "topk_tail_kl_k8": "`topk_tail_kl`, k = 8",
+    "topk_tail_kl_k64": "`topk_tail_kl`, k = 64",
+    "sampled_kl_n16": "`sampled_kl`, N = 16",
+    "sampled_kl_n32": "`sampled_kl`, N = 32",
+    "sampled_kl_n64": "`sampled_kl`, N = 64",
+}
+
+
+def _fidelity_section(r: dict | None) -> list[str]:
+    """The fidelity-per-byte table: one row per store/loss, means and sd over the seeds."""
+    if not r:
+        return []
+    d, rows = r["details"], r["value"]
+    c = d["checks"]
+    lines = [
+        "",
+        "## Fidelity per byte (`fidelity`)",
+        "",
+        f"Teacher: {d['teacher']} (held-out entropy {d['teacher_heldout_entropy_nats']:.2f} nats, top-8 mass "
+        f"{d['teacher_heldout_top8_mass']:.3f}, top-64 mass {d['teacher_heldout_top64_mass']:.3f}); student: "
+        f"{d['student']}. Data sampled from the teacher: {d['train_documents']} training and {d['eval_documents']} "
+        f"held-out documents of {d['seq_len']} tokens; every row {d['steps']} steps of batch {d['batch_size']}, "
+        f"learning rate {d['learning_rate']:g}, alpha {d['alpha']:g} (CE only: 0), T {d['temperature']:g}, the "
+        f"same seeds; {d['seeds']} seeds, mean ± sd ({d['spread']}). Bytes: {d['bytes']}. Held-out KL is the "
+        f"full-vocabulary KL(teacher || student) per position; gap closed = (CE only - row) / (CE only - full) "
+        "on that KL.",
+        "",
+        "| row | bytes / position | held-out CE (nats) | held-out KL (nats) | gap closed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, row in rows.items():
+        b = row["bytes_per_position"]
+        lines.append(f"| {FIDELITY_LABELS.get(key, key)} | {'-' if b is None else f'{b:.1f}'} | "
+                     f"{row['heldout_cross_entropy']:.3f} ± {row['heldout_cross_entropy_sd']:.3f} | "
+                     f"{row['heldout_kl']:.3f} ± {row['heldout_kl_sd']:.3f} | {row['gap_closed']:.2f} |")
+    lines += [
+        "",
+        f"- `sampled_kl` N = 32 over `topk_tail_kl` k = 64 in bytes per position: "
+        f"{c['sampled32_over_topk_tail64_bytes']:.3f} (goal <= 0.2: "
+        f"{'met' if c['sampled32_over_topk_tail64_bytes'] <= 0.2 else '**not met**'}); its held-out KL minus "
+        f"k = 64's: {c['sampled32_kl_minus_topk_tail64_kl']:+.4f} (spread: sd {c['spread_sd_of_the_two']:.4f}; "
+        f"{'no worse' if c['sampled32_kl_minus_topk_tail64_kl'] <= 2 * c['spread_sd_of_the_two'] else '**worse**'}"
+        " within 2 sd).",
+        f"- every KD row beats CE only on held-out KL: {'yes' if c['every_kd_row_beats_ce_only'] else '**no**'}; "
+        f"best offline row {FIDELITY_LABELS.get(c['best_offline_row'], c['best_offline_row'])} closes "
+        f"{c['best_offline_gap_closed']:.2f} of the gap (goal >= 0.9: "
+        f"{'met' if c['best_offline_gap_closed'] >= 0.9 else '**not met**'}).",
+        f"- seconds per row (all seeds, incl. compile and held-out evaluation): "
+        + ", ".join(f"{k} {v}" for k, v in d["seconds"].items() if k != "total")
+        + f"; the whole group {d['seconds']['total']:.0f} s on a shared machine.",
+        "",
+    ]
+    return lines
 
 
 def _accelerator_section(meta: dict, results: dict) -> list[str]:

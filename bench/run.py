@@ -30,6 +30,8 @@ SIZES = {
         "verify_steps": 256, "verify_batch": 4, "verify_seq_len": 256, "verify_repeats": 7,
         "kd_docs": 896, "kd_eval_docs": 128, "kd_doc_len": 40, "kd_seq_len": 64, "kd_steps": 200, "kd_top_k": 64,
         "kd_batch": 8,
+        "fid_docs": 512, "fid_eval_docs": 64, "fid_seq_len": 32, "fid_batch": 8, "fid_steps": 200, "fid_seeds": 3,
+        "fid_lr": 1e-2,
     },
     "full": {
         "selection_seq_len": 512, "selection_repeats": 15,
@@ -39,6 +41,8 @@ SIZES = {
         "verify_steps": 512, "verify_batch": 4, "verify_seq_len": 512, "verify_repeats": 7,
         "kd_docs": 1536, "kd_eval_docs": 256, "kd_doc_len": 48, "kd_seq_len": 64, "kd_steps": 400, "kd_top_k": 64,
         "kd_batch": 8,
+        "fid_docs": 1024, "fid_eval_docs": 128, "fid_seq_len": 32, "fid_batch": 8, "fid_steps": 400, "fid_seeds": 3,
+        "fid_lr": 3e-3,
     },
 }
 
@@ -55,8 +59,9 @@ KEYS = {
     "loader_over_train_throughput": "train",
     "verify_over_decode_ratio": "verify",
     "kd_vs_ce_heldout": "kd",
+    "fidelity": "fidelity",
 }
-ORDER = ["selection", "dump", "resume", "verify", "train", "kd"]
+ORDER = ["selection", "dump", "resume", "verify", "train", "kd", "fidelity"]
 
 
 def _run_group(group: str, size: dict, want: set) -> dict:
@@ -84,6 +89,10 @@ def _run_group(group: str, size: dict, want: set) -> dict:
         from .train_bench import kd_vs_ce
 
         return kd_vs_ce(size)
+    if group == "fidelity":
+        from .fidelity_bench import fidelity
+
+        return fidelity(size)
     raise ValueError(group)
 
 

@@ -313,3 +313,11 @@ def test_tempered_tail_store_and_refusal(setup, tmp_path):
     assert np.isfinite(r.metrics["kd_loss"])
     with pytest.raises(InputError, match="holds it at 2"):
         train_student(store=out, output=str(tmp_path / "b"), temperature=4.0, **common)
+
+
+def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path):
+    out = str(tmp_path / "s")
+    r = cli(*dump_args(setup["teacher"], setup["data"], out, selection="sampled"))
+    assert r.returncode == 2 and "--samples" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(out)
