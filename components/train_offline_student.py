@@ -2,7 +2,8 @@
 
 A thin wrapper over ``logit_distill.train.train_student``. Outputs: a ``Model``
 artifact (the training folder: Orbax checkpoints, ``metrics.jsonl``,
-``eval.json`` and the Hugging Face export in ``hf/``), ``Metrics`` (final
+``eval.json`` and the exported student: Hugging Face format in ``hf/``, or ``student/``
+for a ``flax:MODULE:FACTORY`` student), ``Metrics`` (final
 losses, held-out cross-entropy and perplexity when ``eval_data`` is given) and
 an ``HTML`` report with the loss curves as a picture; per-step curves also go
 to TensorBoard event files (``$AIP_TENSORBOARD_LOG_DIR`` on Vertex, else the
@@ -92,7 +93,8 @@ def train_offline_student(
     metrics_uri = paths.join(result.output, "metrics.jsonl")
     rows = [json.loads(line) for line in paths.read_bytes(metrics_uri).decode().splitlines() if line.strip()]
     model.metadata.update({
-        "framework": "jax", "format": "orbax + huggingface safetensors", "hf_dir": result.hf_dir,
+        "framework": "jax", "hf_dir": result.hf_dir or "", "export_dir": result.export_dir,
+        "format": "orbax + " + ("huggingface safetensors" if result.hf_dir else "flax nnx safetensors + student.json"),
         "student": student, "store": store.uri, "num_steps": result.final_step, "loss": loss, "alpha": alpha,
         "resources_requested": dict(resources), "settings": settings,
         "resumed_from_step": result.resumed_from_step, "tensorboard": log_dir_for(result.output),
@@ -143,7 +145,7 @@ def train_offline_student(
     settings = {"student": student, "store": store.uri, "steps": num_steps, "batch_size": batch_size,
                 "grad_accum": grad_accum, "learning_rate": learning_rate, "loss": loss, "alpha": alpha,
                 "alpha_end": None if alpha_end < 0 else alpha_end, "alpha_schedule": alpha_schedule,
-                "temperature": temperature, "seed": seed, "output": result.output, "hf_export": result.hf_dir}
+                "temperature": temperature, "seed": seed, "output": result.output, "export": result.export_dir}
     table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                     for k, v in settings.items())
     outcome = []

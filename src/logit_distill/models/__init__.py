@@ -6,6 +6,8 @@
 - ``init_params`` / ``build_model``: a random student for an HF config.
 - ``save_hf_checkpoint``: config.json + model.safetensors (+ tokenizer) for transformers.
 - ``shard_params``: place params on a mesh (``replicate`` | ``fsdp``).
+- ``load_student(dir)``: the Flax NNX student exported by training (``flax_student``,
+  docs/STUDENTS.md).
 
 See docs/MODELS.md.
 """
@@ -40,7 +42,17 @@ __all__ = [
     "from_hf_config",
     "init_params",
     "load_model",
+    "load_student",
     "materialize_preset",
     "save_hf_checkpoint",
     "shard_params",
 ]
+
+
+def __getattr__(name):
+    # Lazy: Flax is imported only when a Flax NNX student is used.
+    if name == "load_student":
+        from .flax_student import load_student
+
+        return load_student
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

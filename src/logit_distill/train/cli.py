@@ -15,7 +15,8 @@ Train a student from a logit store (offline), or from a teacher run in the loop
 (online: --teacher, --data, --top-k, --seq-len). Re-running the same command with
 the same --output resumes from the latest checkpoint there. Outputs in --output:
 checkpoints/ (Orbax), metrics.jsonl, train_config.json, hf/ (the final student in
-HF format) and eval.json (with --eval-data). See docs/TRAIN.md."""
+HF format; student/ for a Flax NNX student) and eval.json (with --eval-data).
+See docs/TRAIN.md and docs/STUDENTS.md."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="online mode: use only the first N examples of the data (e.g. as many as the dump wrote)")
 
     p.add_argument("--student", required=True,
-                   help="student: HF checkpoint dir (local or gs://) or preset:NAME[@SEED] (random weights); "
+                   help="student: HF checkpoint dir (local or gs://), preset:NAME[@SEED] (random weights), or "
+                        "flax:MODULE:FACTORY[?key=value&...] (a Flax NNX module, docs/STUDENTS.md); "
                         "its vocabulary must equal the teacher's")
     p.add_argument("--output", required=True, help="output URI (local or gs://); a re-run resumes from it")
     p.add_argument("--num-steps", type=int, required=True, help="optimizer steps to train")
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         proposal_temperature=args.proposal_temperature,
     )
     summary = {"output": result.output, "final_step": result.final_step, "hf_dir": result.hf_dir,
+               "export_dir": result.export_dir,
                "resumed_from_step": result.resumed_from_step, "metrics": result.metrics, "eval": result.eval}
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

@@ -4,8 +4,8 @@ Order of work: check every input (store complete and intact, vocabularies,
 loss vs tail mass, settings vs an earlier run in the same output) before any
 step; build the state and the Grain iterator; resume from the latest Orbax
 checkpoint if there is one; train; save a checkpoint every
-``checkpoint_every`` optimizer steps and at the end; export the student in HF
-format to ``<output>/hf``; evaluate on ``eval_data``. docs/TRAIN.md describes
+``checkpoint_every`` optimizer steps and at the end; export the student (HF
+format to ``<output>/hf``, a Flax NNX student to ``<output>/student``); evaluate on ``eval_data``. docs/TRAIN.md describes
 the outputs and the guarantees.
 """
 
@@ -41,7 +41,7 @@ class TrainingInterrupted(Interrupted):
     """Training stopped on a signal after saving a checkpoint; a re-run resumes."""
 METRICS_NAME = "metrics.jsonl"
 EVAL_NAME = "eval.json"
-HF_DIR = "hf"
+from .student import FLAX_DIR, HF_DIR  # noqa: F401 - the export folders under the output
 SHARDING_MODES = ("replicate", "fsdp")
 
 
@@ -51,8 +51,9 @@ class TrainResult:
     final_step: int
     metrics: dict | None  # the last logged metrics
     eval: dict | None  # eval.json's content when eval_data was given
-    hf_dir: str
+    hf_dir: str | None  # the HF export of a built-in student (None for a Flax student)
     resumed_from_step: int | None  # the checkpoint step this run started from (None: from scratch)
+    export_dir: str | None = None  # the exported student: hf/ (built-in) or student/ (Flax NNX)
 
 
 # ----------------------------------------------------------------------------- train step
@@ -314,6 +315,7 @@ def train_student(
                          "(the batch is split evenly over them)")
 
     from ..models import load_model, shard_params  # after argument checks: imports are slow
+    from .student import open_student, store_teacher_tokenizer
 
     # --- data source and its checks (before the student is loaded: a bad store fails fast)
     teacher_model = None
@@ -353,15 +355,10 @@ def train_student(
         where = f"store {store}"
         source_identity = {"mode": "offline", "store_fingerprint": st.manifest["fingerprint"]}
 
-    student_model = load_model(student)
-    if student_model.vocab_size != vocab_size:
-        raise InputError(
-            f"student {student} has a vocabulary of {student_model.vocab_size} but {where} has "
-            f"{vocab_size}: the student must share the teacher's vocabulary"
-        )
-    if L > student_model.max_seq_len:
-        raise InputError(f"seq_len {L} exceeds the student's max_position_embeddings {student_model.max_seq_len}")
+    student_model = open_student(student, vocab_size=vocab_size, seq_len=L, where=where)
     tokenizer_path = student_model.tokenizer_path or (teacher_model.tokenizer_path if teacher_model else None)
+    if tokenizer_path is None and student_model.kind == "flax" and not online:
+        tokenizer_path = store_teacher_tokenizer(st.manifest)  # a Flax student speaks the teacher's tokens
     eval_examples = None
     if eval_data is not None:
         eval_examples = open_eval_data(eval_data, tokenizer_path, seq_len=L, packing=data_packing,
@@ -401,10 +398,8 @@ def train_student(
     tx = make_optimizer(lr_fn, weight_decay=weight_decay, max_grad_norm=max_grad_norm, grad_accum=grad_accum)
     params = student_model.params
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-    # shard_params decides each array's sharding from its shape alone, so Adam moments land
-    # exactly like their parameters.
-    state = shard_params(state, mesh, param_sharding)
-    student_model.params = None  # the state owns the weights now
+    state = student_model.place(state, mesh, param_sharding)
+    student_model.params = params = None  # the state owns the weights now
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     train_step = jax.jit(
         make_train_step(student_model.apply, tx, loss=loss, temperature=temperature,
@@ -533,12 +528,10 @@ def train_student(
             metrics_log.close()
 
     # --- export and evaluation
-    hf_dir = paths.join(output, HF_DIR)
+    export_dir = paths.join(output, student_model.export_name)
     params = state["params"]
     if process_index == 0:
-        from ..models import save_hf_checkpoint
-
-        save_hf_checkpoint(student_model, _host_params(params), hf_dir, tokenizer_path=tokenizer_path)
+        student_model.save(_host_params(params), export_dir, tokenizer_path)
     elif process_count > 1:
         _host_params(params)  # the all-gather is collective
     eval_result = None
@@ -552,7 +545,8 @@ def train_student(
         log_line(f"eval: cross-entropy {eval_result['cross_entropy']:.4f} nats/token, "
                  f"perplexity {eval_result['perplexity']:.3f} over {eval_result['num_tokens']} tokens")
     return TrainResult(output=output, final_step=num_steps, metrics=last_metrics, eval=eval_result,
-                       hf_dir=hf_dir, resumed_from_step=resumed_from)
+                       hf_dir=export_dir if student_model.kind == "hf" else None,
+                       resumed_from_step=resumed_from, export_dir=export_dir)
 
 
 def alpha_schedule_of(kind: str, alpha: float, alpha_end: float | None, num_steps: int):

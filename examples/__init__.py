@@ -1,0 +1,1 @@
+"""Examples that run with logit-distill (importable from the repository root)."""
