@@ -109,7 +109,8 @@ PARAMS: tuple[Param, ...] = (
           "*.safetensors, tokenizer.json) or preset:NAME.", _to(PLAN, DUMP, VERIFY), group="inputs"),
     Param("data", str, REQUIRED, "Training data: JSONL text or pre-tokenized ArrayRecord (file, glob or folder; "
           "local or gs://).", _to(PLAN, DUMP, VERIFY), group="inputs"),
-    Param("student", str, REQUIRED, "Student: an HF checkpoint folder or gs:// prefix, or preset:NAME.",
+    Param("student", str, REQUIRED, "Student: an HF checkpoint folder or gs:// prefix, preset:NAME, or "
+          "flax:MODULE:FACTORY[?key=value&...] (a Flax NNX module importable in the image; docs/STUDENTS.md).",
           _to(TRAIN), variants=ALL, group="inputs"),
     Param("output_root", str, REQUIRED, "Where the stores and students live (gs:// on Vertex): the store is "
           "<output_root>/teacher_topk/<dump_key>/, a student <output_root>/students/<train_key>/.",

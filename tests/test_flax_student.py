@@ -76,7 +76,7 @@ def _no_step_taken(output):
 
 @pytest.mark.parametrize("spec", [TRANSFORMER, RECURRENT], ids=["transformer", "recurrence"])
 def test_example_student_learns_more_from_kd_than_ce_and_reloads(setup, tmp_path, spec):
-    common = dict(store=setup["store"], student=spec, num_steps=30, batch_size=8, learning_rate=1e-2,
+    common = dict(store=setup["store"], student=spec, num_steps=30, batch_size=8, learning_rate=1e-2, loss="topk_kl",
                   eval_data=setup["eval_data"], checkpoint_every=100, log_every=5, progress=False)
     kd = train_student(output=str(tmp_path / "kd"), alpha=0.5, **common)
     ce = train_student(output=str(tmp_path / "ce"), alpha=0.0, **common)
