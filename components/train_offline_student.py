@@ -171,7 +171,8 @@ def train_offline_student(
         f.write(page)
     import collections
 
-    return collections.namedtuple("TrainOutputs", ["hf_dir"])(result.hf_dir)
+    # a Flax NNX student has no HF export: its export folder (student/) is the model to register
+    return collections.namedtuple("TrainOutputs", ["hf_dir"])(result.hf_dir or result.export_dir)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).

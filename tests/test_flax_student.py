@@ -200,12 +200,13 @@ def test_train_component_takes_a_flax_spec(setup, tmp_path):
 
     model = Model(uri=str(tmp_path / "model"))
     metrics, report = Metrics(uri=str(tmp_path / "m")), HTML(uri=str(tmp_path / "report.html"))
-    components.train_offline_student.train_offline_student(
-        store=Dataset(uri=setup["store"]), student=RECURRENT + "?width=16&num_layers=1", num_steps=2,
+    out = components.train_offline_student.train_offline_student(
+        store=Dataset(uri=setup["store"]), student=SMALL_RECURRENT, num_steps=2,
         batch_size=4, model=model, metrics=metrics, report=report, log_every=1, checkpoint_every=2)
     assert os.path.exists(os.path.join(model.uri, "student", "student.json"))
     assert model.metadata["export_dir"].endswith("student") and "flax" in model.metadata["format"]
-    assert metrics.metadata["steps"] == 2
+    assert model.metadata["num_steps"] == 2 and np.isfinite(metrics.metadata["final_loss"])
+    assert out.hf_dir == model.metadata["export_dir"]  # the folder the pipeline registers
 
 
 # ----------------------------------------------------------------------------- bad input
