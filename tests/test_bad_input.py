@@ -177,6 +177,8 @@ def test_gcs_report_inside_the_store_is_refused(gcs_bucket, capsys):
     before = store_files(uri)
     code, _, err = run_cli(capsys, "verify", "--store", uri, "--no-progress", "--report-md", uri + "/manifest.json")
     assert_one_line_error(code, err, command="verify", contains=("logit store gs://",))
+    code, _, err = run_cli(capsys, "verify", "--store", uri, "--no-progress", "--report-json", gcs_bucket)
+    assert_one_line_error(code, err, command="verify", contains=("existing folder",))
     assert store_files(uri) == before
 
 
@@ -426,6 +428,9 @@ def test_missing_bucket_fails_fast(gcs_emulator, small_store, capsys):
     code, _, err = run_cli(capsys, "train", "--store", small_store, "--student", "preset:tiny-qwen3",
                            "--output", "gs://no-such-bucket-here/o", "--num-steps", "1", "--batch-size", "4")
     assert_one_line_error(code, err, command="train", contains=("--output", "does not exist"))
+    code, _, err = run_cli(capsys, "dump", "--teacher", "gs://no-such-teacher-bucket/m", "--data", small_store,
+                           "--output", small_store + "-out")
+    assert_one_line_error(code, err, command="dump", contains=("--teacher", "does not exist"))
     assert time.perf_counter() - t0 < 15
 
 

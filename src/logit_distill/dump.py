@@ -358,9 +358,9 @@ def run_dump(config: DumpConfig) -> DumpResult:
     t_start = time.perf_counter()
     outputs.require_nonblank(config.output, "--output")
     _check_settings(config)
-    outputs.check_output(config.output, "--output", kind="dir", own_store=True,
-                         inputs={"--teacher": config.teacher, "--data": config.data,
-                                 "--tokenizer": config.tokenizer})
+    inputs = {"--teacher": config.teacher, "--data": config.data, "--tokenizer": config.tokenizer}
+    paths.check_inputs_reachable(inputs)  # gs://: one line within seconds, not a minute of retries
+    outputs.check_output(config.output, "--output", kind="dir", own_store=True, inputs=inputs)
     done = _already_complete(config, t_start)
     if done is not None:  # a scan of names found every chunk: no teacher is loaded, nothing is written
         return done

@@ -91,6 +91,11 @@ def check_output(uri: str, flag: str, *, kind: str, inputs: dict[str, str | None
     local = not norm.startswith("gs://")
     if local:
         _check_local_shape(norm, uri, flag, kind)
+    elif kind == "file":
+        fs, path = paths.url_to_fs(uri)
+        fs.invalidate_cache(path)
+        if fs.isdir(path):
+            raise InputError(f"{flag} {uri} is an existing folder (objects lie under it); give a file path")
     store = enclosing_store(uri, include_self=not own_store)
     if store is not None:
         what = "is" if store == norm else "lies inside"

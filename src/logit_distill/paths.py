@@ -117,6 +117,17 @@ def check_reachable(uri: str, flag: str) -> None:
                          "create it or check the name")
 
 
+def check_inputs_reachable(inputs: dict) -> None:
+    """``check_reachable`` for every gs:// value of ``{flag: uri}`` (each bucket once)."""
+    seen = set()
+    for flag, uri in inputs.items():
+        if isinstance(uri, str) and uri.startswith("gs://"):
+            bucket = uri[len("gs://"):].split("/", 1)[0]
+            if bucket not in seen:
+                seen.add(bucket)
+                check_reachable(uri, flag)
+
+
 def basename(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 

@@ -263,11 +263,9 @@ def train_student(
     from the latest checkpoint in ``output``.
     """
     # --- settings
-    if store is not None:
-        paths.check_reachable(store, "--store")
-    check_output(output, "--output", kind="dir",
-                 inputs={"--store": store, "--teacher": teacher, "--data": data, "--student": student,
-                         "--eval-data": eval_data})
+    inputs = {"--store": store, "--teacher": teacher, "--data": data, "--student": student, "--eval-data": eval_data}
+    paths.check_inputs_reachable(inputs)  # gs://: one line within seconds, not a minute of retries
+    check_output(output, "--output", kind="dir", inputs=inputs)
     online = store is None
     if online:
         if loss is None:

@@ -68,7 +68,8 @@ def verify_store(
                          f"{workers})")
     if tokenizer and not data:
         raise InputError("--tokenizer is only used with --data")
-    paths.check_reachable(store_uri, "--store")  # gs://: one line within seconds, not a minute of retries
+    # gs://: one line within seconds, not a minute of retries
+    paths.check_inputs_reachable({"--store": store_uri, "--data": data, "--tokenizer": tokenizer, "--teacher": teacher})
     _check_report_paths(store_uri, report_json, report_md, data=data, tokenizer=tokenizer, teacher=teacher)
     checks = {name: _Check(name) for name in CHECK_NAMES}
     figures: dict = {}
