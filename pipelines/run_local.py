@@ -69,8 +69,9 @@ class _Tee:
 
 
 def run(pipeline: str = "logit-distill", values: dict | None = None, root: str = "local-runs",
-        verbose: bool = False, echo=sys.stdout) -> LocalRun:
-    """Run ``pipeline`` with ``values`` (typed) under kfp.local; never raises for a failed task."""
+        verbose: bool = False, echo=True) -> LocalRun:
+    """Run ``pipeline`` with ``values`` (typed) under kfp.local; never raises for a failed task. ``echo``:
+    True prints one line per finished task on stdout, None prints nothing, or a stream to print to."""
     from kfp import local
 
     from pipelines import pipeline as pipelines_mod
@@ -92,7 +93,7 @@ def run(pipeline: str = "logit-distill", values: dict | None = None, root: str =
     tasks: dict = {}
     log = "" if verbose else os.path.join(root, f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}.log")
     error = ""
-    tee = None if verbose else _Tee(log, echo, tasks)
+    tee = None if verbose else _Tee(log, sys.stdout if echo is True else echo, tasks)
     try:
         with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():
             pipe(**(values or {}))

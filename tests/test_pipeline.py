@@ -154,11 +154,18 @@ def test_vertex_variant_runs_dump_and_train_as_custom_jobs_as_the_pipeline():
     assert "register-student" in tasks and tasks["student-hf-export"]["inputs"]["parameters"]["uri"]
 
 
+def _compile_vertex(path, **options) -> dict:
+    from kfp import compiler
+
+    from pipelines.pipeline import build_pipelines
+
+    compiler.Compiler().compile(build_pipelines(**options)["vertex"], str(path))
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
 def test_multi_host_and_tpu_compiles(tmp_path):
-    written = compile_mod.compile_all(str(tmp_path), dump_replicas=2, train_replicas=2,
-                                      dump_retry_window="14d")
-    with open(written["vertex"]) as f:
-        d = yaml.safe_load(f)
+    d = _compile_vertex(tmp_path / "multi.yaml", dump_replicas=2, train_replicas=2, dump_retry_window="14d")
     tasks = _tasks(d)
     for task in ("dump-teacher-topk", "train-offline-student"):
         job = d["components"][tasks[task]["componentRef"]["name"]]
@@ -171,9 +178,7 @@ def test_multi_host_and_tpu_compiles(tmp_path):
     assert plan["num_processes"]["runtimeValue"]["constant"] == 2
     assert plan["tpu_topology"]["componentInputParameter"] == "dump_tpu_topology"
     # a TPU slice compiled as one replica: the whole job restarts with a worker when asked
-    written = compile_mod.compile_all(str(tmp_path / "tpu"), restart_job_on_worker_restart=True)
-    with open(written["vertex"]) as f:
-        d = yaml.safe_load(f)
+    d = _compile_vertex(tmp_path / "tpu.yaml", restart_job_on_worker_restart=True)
     job = d["components"][_tasks(d)["dump-teacher-topk"]["componentRef"]["name"]]
     assert job["inputDefinitions"]["parameters"]["restart_job_on_worker_restart"]["defaultValue"] is True
     from logit_distill.distributed import planned_processes
@@ -292,7 +297,7 @@ def _chunks(store: str) -> list[str]:
     return sorted(n for n in os.listdir(store) if n.endswith(".array_record") and not n.startswith("."))
 
 
-def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
+def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path, capsys):
     import numpy as np
     from kfp import local
 
@@ -380,13 +385,14 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path):
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
-    code = subprocess.run([sys.executable, "-m", "pipelines.run_local", "--root", str(tmp_path / "bad")]
-                          + [f"{k}={v}" for k, v in {**args, "spot_check": 0}.items()],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert code.returncode == 1, code.stdout + code.stderr
-    (line,) = [ln for ln in code.stderr.splitlines() if ln.startswith("run_local: error:")]
+    capsys.readouterr()
+    code = run_local.main(["--root", str(tmp_path / "bad")]
+                          + [f"{k}={v}" for k, v in {**args, "spot_check": 0}.items()])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("run_local: error:")]
     assert "verification-failed" in line and "verify failed: integrity" in line, line
-    assert "train-offline-student" not in code.stdout
+    assert "verification-failed" in out and "train-offline-student" not in out
 
 
 def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
