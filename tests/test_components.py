@@ -221,3 +221,35 @@ def test_vertex_cluster_spec_names_the_coordinator_and_process():
     assert vertex_cluster(json.dumps(spec)) == ("chief:8476", 3, 0)
     assert vertex_cluster(json.dumps({"cluster": {"workerpool0": ["chief:2222"]}})) is None
     assert vertex_cluster(None) is None
+
+
+def test_two_host_dump_job_writes_outputs_from_process_0_only(work, tmp_path):
+    """A 2-replica job as Vertex starts it (CLUSTER_SPEC): both hosts write their chunks; only process 0
+    returns and writes the task's outputs; the other exits 0 without any."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = {**SETTINGS, "num_steps": 4}
+    plan = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(tmp_path / "out"),
+                                          store=Dataset(uri=str(tmp_path / "p")), num_processes=2, **settings)
+    kwargs = dict(teacher=TEACHER, data=work["data"], store_uri=plan.store_uri, dump_key=plan.dump_key, **settings)
+    cluster = {"workerpool0": ["127.0.0.1:2222"], "workerpool1": ["127.0.0.1:2223"]}
+    procs = []
+    for pool in ("workerpool0", "workerpool1"):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "LOGIT_DISTILL_COORDINATOR_PORT": str(port),
+               "CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": {"type": pool, "index": 0}})}
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "multihost_component.py"),
+             os.path.dirname(os.path.dirname(os.path.abspath(__file__))), json.dumps(kwargs),
+             str(tmp_path / pool)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    (line,) = [ln for ln in logs[0].splitlines() if ln.startswith("OUTPUTS ")]
+    outputs = json.loads(line[len("OUTPUTS "):])
+    assert outputs["store"] == plan.store_uri and outputs["metrics"]["chunks_written_this_attempt"] == 2
+    assert "OUTPUTS " not in logs[1]  # process 1 returned nothing and wrote nothing
+    names = os.listdir(plan.store_uri)
+    assert sum("-p00000-" in n for n in names) == 2 and sum("-p00001-" in n for n in names) == 2

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 
-# Port of the JAX coordinator on the first host of a Vertex custom job.
+# Port of the JAX coordinator on the first host of a Vertex custom job (LOGIT_DISTILL_COORDINATOR_PORT
+# overrides it, e.g. for several jobs on one machine).
 COORDINATOR_PORT = 8476
+PORT_ENV = "LOGIT_DISTILL_COORDINATOR_PORT"
 
 
 def vertex_cluster(cluster_spec: str | None) -> tuple[str, int, int] | None:
@@ -20,7 +22,8 @@ def vertex_cluster(cluster_spec: str | None) -> tuple[str, int, int] | None:
         return None
     task = spec.get("task") or {}
     index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
-    return f"{hosts[0].rsplit(':', 1)[0]}:{COORDINATOR_PORT}", len(hosts), index
+    port = int(os.environ.get(PORT_ENV) or COORDINATOR_PORT)
+    return f"{hosts[0].rsplit(':', 1)[0]}:{port}", len(hosts), index
 
 
 def init_from_environment() -> None:
