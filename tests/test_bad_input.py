@@ -353,7 +353,7 @@ def test_lease_refuses_a_live_holder_and_takes_over_only_when_allowed(where, tmp
 def test_a_holder_whose_lease_was_taken_over_stops(where, tmp_path, request):
     import time
 
-    from logit_distill.errors import StoreError
+    from logit_distill.errors import StoreBusyError
     from logit_distill.store.lease import Lease
 
     root = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
@@ -364,7 +364,7 @@ def test_a_holder_whose_lease_was_taken_over_stops(where, tmp_path, request):
     time.sleep(0.6)  # ... until the lease is stale
     second = Lease(store_uri, force_takeover=True).acquire()
     first.refresh()  # the first holder wakes up: its refresh fails
-    with pytest.raises(StoreError, match="taken over by process"):
+    with pytest.raises(StoreBusyError, match="taken over by process"):
         first.check()
     first.release()  # does not delete the new holder's lease
     assert paths.exists(paths.join(store_uri, "lease.json"))

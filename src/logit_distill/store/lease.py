@@ -35,7 +35,7 @@ import uuid
 from urllib.parse import quote
 
 from .. import paths
-from ..errors import StoreBusyError, StoreError
+from ..errors import StoreBusyError
 
 log = logging.getLogger("logit_distill.store.lease")
 
@@ -298,7 +298,7 @@ class Lease:
     def check(self) -> None:
         """Raise if the lease was lost (taken over after going stale): stop before writing more."""
         if self.lost:
-            raise StoreError(f"{self.lost}; this dump stopped; committed chunks are kept")
+            raise StoreBusyError(f"{self.lost}; this dump stopped; committed chunks are kept")
 
     def release(self) -> None:
         self._stop.set()
