@@ -168,6 +168,7 @@ def test_fsdp_on_two_devices_follows_the_annotations_and_matches_one_device(setu
     one = small_offline_run
     script = (
         "import sys, json, jax\n"
+        "from logit_distill.errors import InputError\n"
         "from logit_distill.train.loop import make_mesh\n"
         "from logit_distill.train.student import open_student\n"
         "from logit_distill.train import train_student\n"
@@ -177,6 +178,12 @@ def test_fsdp_on_two_devices_follows_the_annotations_and_matches_one_device(setu
         "specs = {k: [str(a) for a in v.sharding.spec] for k, v in state['params'].items()}\n"
         "mu = {k: [str(a) for a in v.sharding.spec] for k, v in state['opt_state']['mu'].items()}\n"
         "assert specs == mu, (specs, mu)\n"
+        f"odd = open_student({RECURRENT + '?width=15'!r}, vocab_size={VOCAB}, seq_len={SEQ_LEN}, where='test')\n"
+        "try:\n"
+        "    odd.place({'params': odd.params}, make_mesh(), 'fsdp')\n"
+        "    raise SystemExit('an annotation the devices do not divide was placed')\n"
+        "except InputError as e:\n"
+        "    assert 'which do not divide 15' in str(e), e\n"
         "print(json.dumps(specs))\n"
         f"train_student(output=sys.argv[1], param_sharding='fsdp', **{common!r})\n"
     )
