@@ -419,6 +419,25 @@ def test_unreachable_gcs_endpoint_fails_fast(tmp_path):
     _assert_one_line(proc, "dump", contains=("is not reachable",))
 
 
+def test_real_gcs_without_network_or_credentials_fails_fast(tmp_path):
+    """No emulator: the real endpoint, from a machine without network (here) or without credentials
+    (elsewhere): one line within 15 s either way."""
+    import time
+
+    (tmp_path / "data.jsonl").write_text('{"text": "alpha beta"}\n')
+    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+    t0 = time.perf_counter()
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "logit_distill.cli", "dump", "--teacher", "preset:tiny-qwen3",
+                           "--data", str(tmp_path / "data.jsonl"), "--output",
+                           "gs://logit-distill-no-such-bucket-7f3a/store", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert time.perf_counter() - t0 < 15
+    _assert_one_line(proc, "dump", contains=("is not reachable",))
+
+
 def test_missing_bucket_fails_fast(gcs_emulator, small_store, capsys):
     import time
 

@@ -46,6 +46,9 @@ def url_to_fs(uri: str):
 
 
 def is_local(uri: str) -> bool:
+    if uri.startswith(("gs://", "gcs://")):  # without building a client (credential discovery)
+        _require_base(uri)
+        return False
     fs, _ = url_to_fs(uri)
     return "file" in _protocols(fs)
 
@@ -71,8 +74,9 @@ def check_reachable(uri: str, flag: str) -> None:
     """For a gs:// ``uri``: fail within seconds, in one line, if its bucket cannot be used.
 
     gcsfs retries a dead endpoint for about a minute (with a traceback per retry); this probe
-    first opens a TCP connection to the endpoint (5 s), then asks for the bucket on a
-    background thread and gives up after ``LOGIT_DISTILL_GCS_PROBE_TIMEOUT`` seconds (default 10).
+    opens a TCP connection to the endpoint (5 s), then asks for the bucket, all on a background
+    thread that is given up after ``LOGIT_DISTILL_GCS_PROBE_TIMEOUT`` seconds (default 10), name
+    resolution and credential discovery included.
     """
     import socket
     import threading
@@ -80,21 +84,21 @@ def check_reachable(uri: str, flag: str) -> None:
 
     if is_local(uri):
         return
-    fs, path = url_to_fs(uri)
-    bucket = path.split("/", 1)[0]
+    bucket = uri.split("://", 1)[1].split("/", 1)[0]
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
     parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else "http://" + endpoint)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname, port), timeout=5).close()
-    except OSError as e:
-        raise InputError(f"{flag} {uri} is not reachable: Cloud Storage at {parsed.hostname}:{port} refused "
-                         f"or did not answer ({e.strerror or e}); check the network (or STORAGE_EMULATOR_HOST)") from None
     timeout = float(os.environ.get("LOGIT_DISTILL_GCS_PROBE_TIMEOUT") or GCS_PROBE_TIMEOUT_S)
     outcome: dict = {}
 
     def ask():
         try:
+            socket.create_connection((parsed.hostname, port), timeout=min(5.0, timeout)).close()
+        except OSError as e:
+            outcome["unreachable"] = e
+            return
+        try:
+            fs, _ = url_to_fs(uri)  # credential discovery (metadata server, ...) happens here
             fs.invalidate_cache(bucket)
             outcome["exists"] = fs.exists(bucket)
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -106,15 +110,18 @@ def check_reachable(uri: str, flag: str) -> None:
     if probe.is_alive():
         raise InputError(f"{flag} {uri} is not reachable: no answer about bucket {bucket} within {timeout:.0f} s; "
                          "check the network and the credentials")
+    if "unreachable" in outcome:
+        e = outcome["unreachable"]
+        raise InputError(f"{flag} {uri} is not reachable: Cloud Storage at {parsed.hostname}:{port} refused "
+                         f"or did not answer ({e.strerror or e}); check the network (or STORAGE_EMULATOR_HOST)")
     if "error" in outcome:
         from .failures import describe
 
         _, line = describe(outcome["error"])
-        raise InputError(f"{flag} {uri} is not reachable: bucket {bucket}: {line.removeprefix('error: ')}") from None
+        raise InputError(f"{flag} {uri} is not reachable: bucket {bucket}: {line.removeprefix('error: ')}")
     if not outcome["exists"]:
         raise InputError(f"{flag} {uri} is not reachable: bucket {bucket} does not exist (or these credentials "
-                         "cannot see it); "
-                         "create it or check the name")
+                         "cannot see it); create it or check the name")
 
 
 def check_inputs_reachable(inputs: dict) -> None:
