@@ -349,6 +349,29 @@ def test_lease_refuses_a_live_holder_and_takes_over_only_when_allowed(where, tmp
         Lease(store_uri).acquire()
 
 
+def test_dump_refuses_a_stale_lease_until_force_takeover(dump_setup, tmp_path, capsys):
+    """The lease of a dump on a machine that is gone: refused, then taken over with --force-takeover."""
+    from dump_helpers import dump_args
+    from logit_distill.verify import verify_store
+
+    out = str(tmp_path / "s")
+    _foreign_lease(out, pid=4242, host="gone-machine", age_s=300, timeout_s=60)
+    leftover = os.path.join(out, ".tmp-0123abcd-p00000-s000000000.array_record")  # the gone dump's chunk in flight
+    with open(leftover, "wb") as f:
+        f.write(b"partial")
+    before = snapshot(tmp_path)
+    args = dump_args(dump_setup["teacher"], dump_setup["data"], out, **LEASE_DUMP)
+    code, _, err = run_cli(capsys, *args)
+    assert_one_line_error(code, err, command="dump",
+                          contains=("stale lease of process 4242 on gone-machine", "--force-takeover"))
+    assert snapshot(tmp_path) == before  # its temporary too: nothing proves its writer dead yet
+    code, _, err = run_cli(capsys, *args, "--force-takeover")
+    assert code == 0, err
+    assert not os.path.exists(leftover)  # removed once the lease is ours
+    assert verify_store(out, progress=False).passed
+    assert not os.path.exists(os.path.join(out, "lease.json"))
+
+
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_a_holder_whose_lease_was_taken_over_stops(where, tmp_path, request):
     import time
