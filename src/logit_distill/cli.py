@@ -102,8 +102,9 @@ def report_failure(command: str | None, e: BaseException, debug: bool) -> int:
 
 
 def quiet_libraries() -> None:
-    """Keep library loggers (gcsfs's retries print whole tracebacks) off stderr; --debug shows them."""
-    for name in ("gcsfs", "fsspec", "google", "urllib3", "aiohttp", "absl", "orbax", "jax._src.xla_bridge"):
+    """Keep the storage clients' loggers off stderr: gcsfs logs a whole traceback per retry, and the
+    failure that matters reaches the user as one line anyway. --debug shows them."""
+    for name in ("gcsfs", "fsspec", "google.auth", "google.api_core", "urllib3", "aiohttp"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
