@@ -18,6 +18,10 @@ GOALS = {  # key -> (comparison, goal) from issue 7; None: reported without a go
     "loader_over_train_throughput": (">=", 10.0),
     "verify_over_decode_ratio": ("<=", 1.5),
     "kd_vs_ce_heldout": ("kd<ce", None),
+    "teacher_flop_utilization_1024": (">=", 0.55),
+    "teacher_flop_utilization_4096": (">=", 0.5),
+    "attention_temp_bytes_ratio_8192_over_2048": ("<=", 5.0),
+    "load_over_read_ratio": ("<=", 1.3),
 }
 
 

@@ -32,6 +32,8 @@ SIZES = {
         "kd_batch": 8,
         "fid_docs": 512, "fid_eval_docs": 64, "fid_seq_len": 32, "fid_batch": 8, "fid_steps": 200, "fid_seeds": 3,
         "fid_lr": 1e-2,
+        "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 5, "teacher_matmul_n": 2048,
+        "load_repeats": 5,
     },
     "full": {
         "selection_seq_len": 512, "selection_repeats": 15,
@@ -43,6 +45,8 @@ SIZES = {
         "kd_batch": 8,
         "fid_docs": 1024, "fid_eval_docs": 128, "fid_seq_len": 32, "fid_batch": 8, "fid_steps": 400, "fid_seeds": 3,
         "fid_lr": 3e-3,
+        "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 9, "teacher_matmul_n": 2048,
+        "load_repeats": 9,
     },
 }
 
@@ -60,8 +64,12 @@ KEYS = {
     "verify_over_decode_ratio": "verify",
     "kd_vs_ce_heldout": "kd",
     "fidelity": "fidelity",
+    "teacher_flop_utilization_1024": "teacher",
+    "teacher_flop_utilization_4096": "teacher",
+    "attention_temp_bytes_ratio_8192_over_2048": "teacher",
+    "load_over_read_ratio": "teacher",
 }
-ORDER = ["selection", "dump", "resume", "verify", "train", "kd", "fidelity"]
+ORDER = ["selection", "dump", "resume", "verify", "train", "kd", "fidelity", "teacher"]
 
 
 def _run_group(group: str, size: dict, want: set) -> dict:
@@ -93,6 +101,10 @@ def _run_group(group: str, size: dict, want: set) -> dict:
         from .fidelity_bench import fidelity
 
         return fidelity(size)
+    if group == "teacher":
+        from .teacher_bench import teacher
+
+        return teacher(size, want)
     raise ValueError(group)
 
 

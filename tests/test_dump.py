@@ -239,12 +239,14 @@ def _assert_same_records(a, b):
             np.testing.assert_array_equal(x[key], y[key])
 
 
-def test_same_bytes_on_one_and_four_devices(setup, tmp_path):
+@pytest.mark.parametrize("device_batch", [None, 2])
+def test_same_bytes_on_one_and_four_devices(setup, tmp_path, device_batch):
     outs = {}
     for n in (1, 4):
         out = str(tmp_path / f"d{n}")
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
-        r = cli(*dump_args(setup["teacher"], setup["data"], out, batch_size=8, num_steps=4, codec="exact"), env=env)
+        r = cli(*dump_args(setup["teacher"], setup["data"], out, batch_size=8, num_steps=4, codec="exact",
+                           device_batch=device_batch), env=env)
         assert r.returncode == 0, r.stderr
         outs[n] = chunk_bytes(out)
     assert outs[1] == outs[4]

@@ -163,10 +163,17 @@ def test_parity_with_transformers(ckpts, name):
     assert np.abs(ours - ref).max() <= TOL
 
 
+@pytest.mark.parametrize("attention", ["dense", "blocked"])
 @pytest.mark.parametrize("name", list(HF_CONFIGS))
-def test_packed_documents_match_separate_runs(ckpts, name):
+def test_packed_documents_match_separate_runs(ckpts, name, attention, monkeypatch):
+    import functools
+
+    from logit_distill.models import attention as attention_mod
+
+    monkeypatch.setattr(attention_mod, "BLOCK", 8)  # blocked: 3 query blocks of the 20 positions
     d, hf = ckpts[name]
     m = load_model(d)
+    m.apply = functools.partial(m.apply, attention=attention)
     rng = np.random.default_rng(1)
     la, lb, pad = 9, 7, 4  # gemma sliding window 4 < both lengths
     doc_a = rng.integers(0, m.vocab_size, la)

@@ -54,7 +54,11 @@ class DumpConfig:
     dtype: str = "float32"
     text_field: str = "text"
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
-    sharding: str = "replicate"  # teacher params: replicate | fsdp
+    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor
+    model_parallel: int | None = None  # devices of the mesh's model axis (tensor modes; default: all)
+    attention: str = "auto"  # auto | dense | blocked | pallas_gpu (models/attention.py)
+    device_batch: int | None = None  # examples per kernel on each device (default: per backend)
+    vocab_chunk: int | None = None  # vocabulary entries per chunk of the selection (default 32768)
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
     max_pending_steps: int = 4
     progress: bool = True
@@ -138,6 +142,18 @@ def _check_settings(config: DumpConfig) -> None:
                          f"--tail-temperatures {list(config.tail_temperatures)}")
     if config.selection == "topk" and config.proposal_temperature != 1.0:
         raise InputError("--proposal-temperature applies to --selection sampled")
+    for name in ("model_parallel", "device_batch", "vocab_chunk"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    from .models.attention import check_attention
+    from .models.sharding import check_mode
+
+    check_attention(config.attention)
+    check_mode(config.sharding)
+    if config.model_parallel not in (None, 1) and config.sharding not in ("tensor", "fsdp+tensor"):
+        raise InputError(f"--model-parallel {config.model_parallel} needs --sharding tensor or fsdp+tensor, "
+                         f"not {config.sharding}")
     _check_array_record_options(config.array_record_options)
 
 
@@ -230,7 +246,9 @@ def prepare(config: DumpConfig):
     process, num_processes = _process_info()
     if config.batch_size % num_processes:
         raise InputError(f"--batch-size {config.batch_size} is not divisible by the {num_processes} processes")
-    teacher = load_model(config.teacher, dtype=config.dtype)
+    mesh = dump_mesh(config)
+    _check_layout(config, mesh)
+    teacher = load_model(config.teacher, dtype=config.dtype, mesh=mesh, shard_mode=config.sharding)
     if config.seq_len > teacher.max_seq_len:
         raise InputError(
             f"--seq-len {config.seq_len} exceeds the teacher's maximum of {teacher.max_seq_len} "
@@ -278,35 +296,90 @@ def _remove_leftovers(uri: str, scan) -> None:
 # ----------------------------------------------------------------- compute
 
 
+DEVICE_BATCH = {"cpu": 1}  # default examples per kernel per device; other backends: 8
+_DEFAULT_DEVICE_BATCH = 8
+
+
+def dump_mesh(config: DumpConfig):
+    """The dump's mesh over every device: ``data``, or (``data``, ``model``) for the tensor modes."""
+    import jax
+
+    from .models.sharding import make_mesh
+
+    mp = 1
+    if config.sharding in ("tensor", "fsdp+tensor"):
+        mp = config.model_parallel or jax.local_device_count()
+    return make_mesh(jax.devices(), mp)
+
+
+def device_batch_for(config: DumpConfig, rows_per_device: int, backend: str) -> int:
+    """``--device-batch``, checked, or the backend's default that divides ``rows_per_device``."""
+    import math
+
+    if config.device_batch is not None:
+        if rows_per_device % config.device_batch:
+            raise InputError(
+                f"--device-batch {config.device_batch} does not divide the {rows_per_device} examples each "
+                f"device gets (--batch-size / devices); choose a divisor")
+        return config.device_batch
+    return math.gcd(DEVICE_BATCH.get(backend, _DEFAULT_DEVICE_BATCH), rows_per_device)
+
+
+def _check_layout(config: DumpConfig, mesh) -> None:
+    """The batch splits over the mesh's data axis, and --device-batch divides each device's rows."""
+    import jax
+
+    data_devices = mesh.shape["data"]
+    if config.batch_size % data_devices:
+        raise InputError(
+            f"--batch-size {config.batch_size} is not divisible by the {data_devices} data-parallel "
+            "devices; choose a multiple"
+        )
+    if config.sharding == "replicate":
+        device_batch_for(config, config.batch_size // data_devices, jax.default_backend())
+
+
 class _Compute:
     """The jitted teacher selection over a mesh of every device, data parallel over the batch."""
 
     def __init__(self, teacher, config: DumpConfig):
-        import jax
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import functools
 
-        from .models import shard_params
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        from .models import decoder, shard_params
+        from .models.attention import resolve_attention
         from .topk import make_teacher_sampled, make_teacher_topk
 
-        devices = np.array(jax.devices())
-        if config.batch_size % devices.size:
-            raise InputError(
-                f"--batch-size {config.batch_size} is not divisible by the {devices.size} devices; "
-                "choose a multiple"
-            )
-        self.mesh = Mesh(devices, ("data",))
+        self.mesh = dump_mesh(config)
+        _check_layout(config, self.mesh)
+        data_devices = self.mesh.shape["data"]
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
         self.params = shard_params(teacher.params, self.mesh, config.sharding)
-        # Replicated teachers run example by example on each device: the same bytes on any
-        # number of devices. fsdp splits the matmuls themselves, so the last bits may differ.
-        mesh = self.mesh if config.sharding == "replicate" else None
+        replicated = config.sharding == "replicate"
+        rows = config.batch_size // data_devices
+        self.device_batch = device_batch_for(config, rows, jax.default_backend()) if replicated else rows
+        self.attention = resolve_attention(config.attention, L=config.seq_len)
+        apply = functools.partial(teacher.apply, attention=config.attention)
+        # Replicated teachers run device_batch examples at a time on each device: the same kernel
+        # shapes, hence the same bytes, on any number of devices. The sharded modes split the
+        # matmuls themselves, so the last bits may differ.
+        mesh = self.mesh if replicated else None
         self.sampled = config.selection == "sampled"
         if self.sampled:
-            self.fn = make_teacher_sampled(teacher.apply, config.samples, seed=config.seed,
-                                           proposal_temperature=config.proposal_temperature, mesh=mesh)
+            self.fn = make_teacher_sampled(apply, config.samples, seed=config.seed,
+                                           proposal_temperature=config.proposal_temperature, mesh=mesh,
+                                           device_batch=self.device_batch)
         else:
-            self.fn = make_teacher_topk(teacher.apply, config.top_k, mesh=mesh,
-                                        tail_temperatures=config.tail_temperatures)
+            split = {}
+            if teacher.config is not None:  # the head and selection over vocabulary chunks
+                cfg = teacher.config
+                split = dict(features=functools.partial(decoder.hidden, cfg, attention=config.attention),
+                             head=functools.partial(decoder.head_logits, cfg), vocab_size=cfg.vocab_size,
+                             vocab_chunk=config.vocab_chunk)
+            self.fn = make_teacher_topk(apply, config.top_k, mesh=mesh, tail_temperatures=config.tail_temperatures,
+                                        device_batch=self.device_batch, **split)
         self.num_processes = jax.process_count()
 
     def dispatch(self, local_batch: dict, example_index: np.ndarray):
@@ -602,8 +675,22 @@ def register_cli(subparsers) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field holding the text (default text)")
     p.add_argument("--tokenizer", default=None,
                    help="directory or file of tokenizer.json (default: the teacher's)")
-    p.add_argument("--sharding", choices=["replicate", "fsdp"], default="replicate",
-                   help="teacher parameters: replicated on every device, or sharded (fsdp) for big teachers")
+    p.add_argument("--sharding", choices=["replicate", "fsdp", "tensor", "fsdp+tensor"], default="replicate",
+                   help="teacher parameters: replicated on every device; fsdp (split over the data axis); "
+                        "tensor (heads and MLP columns split over a model axis); fsdp+tensor (both)")
+    p.add_argument("--model-parallel", type=int, default=None,
+                   help="devices of the model axis with --sharding tensor/fsdp+tensor (default: all the "
+                        "devices of one host); the rest of the devices split the batch")
+    p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu"], default="auto",
+                   help="attention implementation (default auto: the Pallas flash kernel on GPU, blocked "
+                        "for sequences over 512 tokens, dense otherwise); all agree to float rounding")
+    p.add_argument("--device-batch", type=int, default=None,
+                   help="examples per kernel on each device with --sharding replicate (default: 1 on CPU, "
+                        "8 on accelerators, lowered to divide the device's rows); fix it for identical "
+                        "bytes across device counts")
+    p.add_argument("--vocab-chunk", type=int, default=None,
+                   help="vocabulary entries per chunk of the output head and selection (default 32768): "
+                        "memory of one chunk instead of the whole vocabulary")
     p.add_argument("--array-record-options", default=manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS,
                    help="ArrayRecord writer options, e.g. 'group_size:1,zstd:3' (default uncompressed)")
     p.add_argument("--force-takeover", action="store_true",

@@ -6,6 +6,16 @@ bfloat16 input was about 100x slower on CPU, and bfloat16 log-probs are too
 coarse). Each selection is one function of a step's logits
 (``select_topk``, ``select_sampled``); ``make_teacher_select`` wraps one with
 the teacher's forward.
+
+With a split forward (``features`` -> hidden states, ``head`` -> logits of a
+vocabulary slice) the top-k selection runs over vocabulary chunks
+(``select_topk_chunked``): a running logsumexp, a running top-k (each chunk's
+top-k merged into it) and a running logsumexp of everything that left the
+top-k, so no ``[B, L, V]`` array is built and peak memory grows with the
+chunk, not with the vocabulary. One chunk is ``select_topk`` bit for bit;
+several give the same ids and agree within 2e-6 (the head's matmul over a
+slice rounds differently from the whole). The sampled selection still takes
+the whole ``[B, L, V]`` logits.
 """
 
 from __future__ import annotations
@@ -16,6 +26,14 @@ import jax
 import jax.numpy as jnp
 
 SELECTIONS = ("topk", "sampled")
+# vocabulary entries per chunk of the chunked selection (default): vocabularies up to this size
+# are one chunk (the unchunked computation, bit for bit); Gemma 3's 262k is 8 chunks.
+AUTO_VOCAB_CHUNK = 32768
+
+
+def _lse_outside(logits, ids):
+    """logsumexp over the last axis with the entries at ``ids`` left out."""
+    return jax.nn.logsumexp(jnp.put_along_axis(logits, ids, -jnp.inf, axis=-1, inplace=False), axis=-1)
 
 
 def select_topk(logits: jax.Array, k: int, tail_temperatures: Sequence[float] = ()) -> dict:
@@ -43,6 +61,47 @@ def select_topk(logits: jax.Array, k: int, tail_temperatures: Sequence[float] = 
         out["tail_logprob_tempered"] = jnp.stack(
             [jax.nn.logsumexp(rest / T, axis=-1) - jax.nn.logsumexp(logits / T, axis=-1)
              for T in tail_temperatures], axis=-1)
+    return out
+
+
+def chunk_bounds(vocab_size: int, chunk: int) -> list[tuple[int, int]]:
+    return [(s, min(s + chunk, vocab_size)) for s in range(0, vocab_size, chunk)]
+
+
+def select_topk_chunked(chunk_logits: Callable, vocab_size: int, k: int, chunk: int,
+                        tail_temperatures: Sequence[float] = ()) -> dict:
+    """``select_topk`` of the logits that ``chunk_logits(start, end)`` gives slice by slice."""
+    bounds = chunk_bounds(vocab_size, chunk)
+    if len(bounds) == 1:
+        return select_topk(chunk_logits(0, vocab_size), k, tail_temperatures)
+    scales = (1.0, *(1.0 / float(T) for T in tail_temperatures))
+    lse = rest = top_v = top_i = None  # lse, rest: one per scale
+    for start, end in bounds:
+        logits = chunk_logits(start, end).astype(jnp.float32)
+        c_v, c_i = jax.lax.top_k(logits, min(k, end - start))
+        c_lse = [jax.nn.logsumexp(logits * s if s != 1.0 else logits, axis=-1) for s in scales]
+        c_rest = [_lse_outside(logits * s if s != 1.0 else logits, c_i) for s in scales]
+        c_i = c_i + start
+        if top_v is None:
+            lse, rest, top_v, top_i = c_lse, c_rest, c_v, c_i
+            continue
+        # candidates in id order (the running top-k holds lower ids): top_k keeps the lower id on ties
+        cand_v = jnp.concatenate([top_v, c_v], axis=-1)
+        cand_i = jnp.concatenate([top_i, c_i], axis=-1)
+        top_v, pos = jax.lax.top_k(cand_v, min(k, cand_v.shape[-1]))
+        top_i = jnp.take_along_axis(cand_i, pos, axis=-1)
+        lse = [jnp.logaddexp(a, b) for a, b in zip(lse, c_lse)]
+        rest = [jnp.logaddexp(r, jnp.logaddexp(c, _lse_outside(cand_v * s if s != 1.0 else cand_v, pos)))
+                for r, c, s in zip(rest, c_rest, scales)]
+    if top_v.shape[-1] < k:
+        raise ValueError(f"top-k {k} exceeds the vocabulary of {vocab_size}")
+    out = {
+        "topk_ids": top_i.astype(jnp.int32),
+        "topk_logprobs": top_v - lse[0][..., None],
+        "tail_logprob": rest[0] - lse[0],
+    }
+    if tail_temperatures:
+        out["tail_logprob_tempered"] = jnp.stack([r - a for r, a in zip(rest[1:], lse[1:])], axis=-1)
     return out
 
 
@@ -91,7 +150,30 @@ def select_sampled(logits: jax.Array, num_samples: int, keys: jax.Array,
     return {"sample_ids": ids, "sample_counts": counts, "sample_logprobs": lp}
 
 
-def make_teacher_select(apply: Callable, select: Callable, mesh=None, *, seed: int | None = None) -> Callable:
+def _on_mesh(run: Callable, mesh, device_batch: int) -> Callable:
+    """``run`` jitted; with ``mesh`` (first axis splits the batch, parameters replicated), each device
+    runs its rows ``device_batch`` examples at a time (``lax.map`` inside ``shard_map``)."""
+    if mesh is None:
+        return jax.jit(run)
+
+    from jax.sharding import PartitionSpec as P
+
+    db = int(device_batch)
+
+    def local_rows(params, *rows):
+        n = rows[0].shape[0]
+        if n % db:
+            raise ValueError(f"device batch {db} does not divide the {n} rows of each device")
+        groups = tuple(a.reshape(n // db, db, *a.shape[1:]) for a in rows)
+        out = jax.lax.map(lambda ex: run(params, *ex), groups)
+        return jax.tree.map(lambda a: a.reshape(n, *a.shape[2:]), out)
+
+    data = P(mesh.axis_names[0])
+    return jax.jit(jax.shard_map(local_rows, mesh=mesh, in_specs=(P(), data, data, data, data), out_specs=data))
+
+
+def make_teacher_select(apply: Callable, select: Callable, mesh=None, *, seed: int | None = None,
+                        device_batch: int = 1) -> Callable:
     """``fn(params, tokens, positions, segment_ids, example_index) -> select's dict``.
 
     ``select(logits, keys)`` is one of the selections above with its settings
@@ -99,38 +181,42 @@ def make_teacher_select(apply: Callable, select: Callable, mesh=None, *, seed: i
     is given, else None. The returned function is jitted; the full
     ``[B, L, V]`` logits never leave the device.
 
-    With ``mesh`` (a 1-D ``data`` mesh, parameters replicated), each device runs
-    its rows of the batch one example at a time (``lax.map`` inside
-    ``shard_map``). Every example then goes through kernels of the same shape
-    whatever the device count or batch size, so the dump writes the same bytes
-    on 1 device and on 4 (a batched matmul's reduction order may depend on how
-    many rows it holds).
+    With ``mesh`` (a mesh whose first axis splits the batch, parameters
+    replicated), each device runs its rows ``device_batch`` examples at a time
+    (``lax.map`` inside ``shard_map``). Every micro-batch then goes through
+    kernels of the same shape whatever the device count or batch size, so the
+    dump writes the same bytes on 1 device and on 4 (a batched matmul's
+    reduction order may depend on how many rows it holds).
     """
 
     def run(params, tokens, positions, segment_ids, example_index):
         keys = None if seed is None else sample_keys(seed, example_index, tokens.shape[1])
         return select(apply(params, tokens, positions, segment_ids), keys)
 
-    if mesh is None:
-        return jax.jit(run)
-
-    from jax.sharding import PartitionSpec as P
-
-    def one_example(params, example):
-        out = run(params, *(x[None] for x in example))
-        return jax.tree.map(lambda a: a[0], out)
-
-    def local_rows(params, tokens, positions, segment_ids, example_index):
-        return jax.lax.map(lambda ex: one_example(params, ex), (tokens, positions, segment_ids, example_index))
-
-    data = P(mesh.axis_names[0])
-    return jax.jit(jax.shard_map(local_rows, mesh=mesh, in_specs=(P(), data, data, data, data), out_specs=data))
+    return _on_mesh(run, mesh, device_batch)
 
 
-def make_teacher_topk(apply: Callable, k: int, mesh=None, *, tail_temperatures: Sequence[float] = ()) -> Callable:
-    """``fn(params, tokens, positions, segment_ids) -> {topk_ids, topk_logprobs, tail_logprob[, ...]}``."""
+def make_teacher_topk(apply: Callable | None, k: int, mesh=None, *, tail_temperatures: Sequence[float] = (),
+                      device_batch: int = 1, features: Callable | None = None, head: Callable | None = None,
+                      vocab_size: int | None = None, vocab_chunk: int | None = None) -> Callable:
+    """``fn(params, tokens, positions, segment_ids) -> {topk_ids, topk_logprobs, tail_logprob[, ...]}``.
+
+    With ``features(params, tokens, positions, segment_ids) -> [B, L, D]``, ``head(params, x, start,
+    end) -> float32 [B, L, end - start]`` and ``vocab_size``, the head and the selection run over
+    vocabulary chunks of ``vocab_chunk`` (default ``AUTO_VOCAB_CHUNK``) entries; ``apply`` is unused.
+    """
     temps = tuple(float(T) for T in tail_temperatures)
-    fn = make_teacher_select(apply, lambda logits, _: select_topk(logits, k, temps), mesh)
+    if features is None:
+        fn = make_teacher_select(apply, lambda logits, _: select_topk(logits, k, temps), mesh,
+                                 device_batch=device_batch)
+    else:
+        chunk = int(vocab_chunk or AUTO_VOCAB_CHUNK)
+
+        def run(params, tokens, positions, segment_ids, example_index):
+            x = features(params, tokens, positions, segment_ids)
+            return select_topk_chunked(lambda s, e: head(params, x, s, e), vocab_size, k, chunk, temps)
+
+        fn = _on_mesh(run, mesh, device_batch)
 
     def teacher_topk(params, tokens, positions, segment_ids):
         return fn(params, tokens, positions, segment_ids, jnp.zeros(tokens.shape[:1], jnp.int32))
@@ -139,12 +225,12 @@ def make_teacher_topk(apply: Callable, k: int, mesh=None, *, tail_temperatures: 
 
 
 def make_teacher_sampled(apply: Callable, num_samples: int, *, seed: int, proposal_temperature: float = 1.0,
-                         mesh=None) -> Callable:
+                         mesh=None, device_batch: int = 1) -> Callable:
     """``fn(params, tokens, positions, segment_ids, example_index) -> {sample_ids, sample_counts,
     sample_logprobs}``: the same draws for an example wherever and whenever it is computed."""
     t = float(proposal_temperature)
     return make_teacher_select(apply, lambda logits, keys: select_sampled(logits, num_samples, keys, t), mesh,
-                               seed=int(seed))
+                               seed=int(seed), device_batch=device_batch)
 
 
 def make_teacher_lse(apply: Callable) -> Callable:

@@ -151,13 +151,29 @@ def _local_tokenizer(uri: str) -> str | None:
     return paths.fetch_to_local(tok, cache)
 
 
-def _place(arr: np.ndarray, dtype: np.dtype, mesh, shard_mode):
-    a = arr.astype(dtype, copy=False)
+def _read_placed(f, uri: str, base: int, name: str, info: dict, dtype: np.dtype, mesh, shard_mode):
+    """One tensor onto the mesh, each device's shard read by byte range (rows of dimension 0), each
+    distinct row range once per process; host memory holds at most this one tensor's bytes."""
     if mesh is None:
-        return jnp.asarray(a)
+        return jnp.asarray(safetensors_io.read_rows(f, uri, base, name, info).astype(dtype, copy=False))
     from .sharding import sharding_for
 
-    return jax.device_put(a, sharding_for(a.shape, mesh, shard_mode))
+    shape = tuple(info["shape"])
+    sharding = sharding_for(shape, mesh, shard_mode, name=name)
+    rows: dict = {}
+
+    def shard(index):
+        if not shape:
+            key = None
+            if key not in rows:
+                rows[key] = safetensors_io.read_rows(f, uri, base, name, info).astype(dtype, copy=False)
+            return rows[key]
+        r = index[0].indices(shape[0])[:2]
+        if r not in rows:
+            rows[r] = safetensors_io.read_rows(f, uri, base, name, info, *r).astype(dtype, copy=False)
+        return rows[r][(slice(None), *index[1:])]
+
+    return jax.make_array_from_callback(shape, sharding, shard)
 
 
 def read_hf_config(uri: str) -> dict:
@@ -213,8 +229,12 @@ def load_checkpoint(
         wanted = {t for t, (f, _) in found.items() if f == name and t in expected}
         if not wanted:
             continue
-        for t, arr in safetensors_io.read_tensors(paths.join(uri, name), wanted):
-            flat[t] = _place(arr, np_dtype, mesh, shard_mode)
+        file_uri = paths.join(uri, name)
+        fs, path = paths.url_to_fs(file_uri)
+        with fs.open(path, "rb") as f:
+            header, base = safetensors_io.read_header(f, file_uri)
+            for t in sorted(wanted, key=lambda t: header[t]["data_offsets"][0]):
+                flat[t] = _read_placed(f, file_uri, base, t, header[t], np_dtype, mesh, shard_mode)
     params = decoder.unflatten(cfg, flat)
     return build_model(
         hf_config,

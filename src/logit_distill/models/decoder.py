@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .attention import attention_core, attention_mask, resolve_attention
 from .config import DecoderConfig
 
 _NEG = float(np.finfo(np.float32).min)
@@ -153,25 +154,7 @@ def _rope(x, positions, inv_freq):
     return x * cos + rot * sin
 
 
-def attention_mask(positions, segment_ids, window: int | None = None):
-    """[B, L, L] bool: causal, same nonzero segment, within ``window`` positions.
-
-    A padding row (segment 0) attends to itself only, so it stays finite.
-    """
-    seg_q = segment_ids[:, :, None]
-    seg_k = segment_ids[:, None, :]
-    L = segment_ids.shape[1]
-    idx = jnp.arange(L)
-    causal = idx[None, :, None] >= idx[None, None, :]
-    mask = causal & (seg_q == seg_k) & (seg_q > 0)
-    if window is not None:
-        dist = positions[:, :, None] - positions[:, None, :]
-        mask = mask & (dist < window)
-    pad_self = (seg_q == 0) & (idx[None, :, None] == idx[None, None, :])
-    return mask | pad_self
-
-
-def _attention(cfg: DecoderConfig, p, x, positions, mask, inv_freq):
+def _attention(cfg: DecoderConfig, p, x, positions, segment_ids, window, inv_freq, impl, mask=None):
     B, L, _ = x.shape
     H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = _linear(x, p["q_proj"]).reshape(B, L, H, Dh)
@@ -182,16 +165,8 @@ def _attention(cfg: DecoderConfig, p, x, positions, mask, inv_freq):
         k = _rms_norm(cfg, k, p["k_norm"]["weight"])
     q = _rope(q, positions, inv_freq)
     k = _rope(k, positions, inv_freq)
-    q = q.reshape(B, L, K, H // K, Dh)
-    scores = jnp.einsum("blkgd,bskd->bkgls", q, k) * jnp.asarray(cfg.query_scale, q.dtype)
-    scores = scores.astype(jnp.float32)
-    if cfg.attn_logit_softcapping:
-        c = cfg.attn_logit_softcapping
-        scores = jnp.tanh(scores / c) * c
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v).reshape(B, L, H * Dh)
-    return _linear(out, p["o_proj"])
+    out = attention_core(cfg, q, k, v, positions, segment_ids, window, impl, mask=mask)
+    return _linear(out.reshape(B, L, H * Dh), p["o_proj"])
 
 
 def _mlp(cfg: DecoderConfig, p, x):
@@ -200,8 +175,8 @@ def _mlp(cfg: DecoderConfig, p, x):
     return _linear(act * _linear(x, p["up_proj"]), p["down_proj"])
 
 
-def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids):
-    """float32 logits [B, L, V] for int32 tokens/positions/segment_ids [B, L]."""
+def hidden(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attention: str = "auto"):
+    """The final normed hidden states [B, L, D] (the output head's input)."""
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(positions, jnp.int32)
     segment_ids = jnp.asarray(segment_ids, jnp.int32)
@@ -210,12 +185,14 @@ def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids):
     x = jnp.take(embed, tokens, axis=0)
     if cfg.gemma_norms:
         x = x * jnp.asarray(cfg.hidden_size**0.5, embed.dtype)
-    masks = {w: attention_mask(positions, segment_ids, w) for w in set(cfg.layer_windows)}
+    impl = resolve_attention(attention, L=tokens.shape[1], cfg=cfg)
+    masks = ({w: attention_mask(positions, segment_ids, w) for w in set(cfg.layer_windows)}
+             if impl == "dense" else {})
     for i, lp in enumerate(m["layers"]):
-        mask = masks[cfg.layer_windows[i]]
+        window = cfg.layer_windows[i]
         inv = cfg.inv_freq(cfg.layer_rope[i])
         h = _rms_norm(cfg, x, lp["input_layernorm"]["weight"])
-        h = _attention(cfg, lp["self_attn"], h, positions, mask, inv)
+        h = _attention(cfg, lp["self_attn"], h, positions, segment_ids, window, inv, impl, mask=masks.get(window))
         if cfg.gemma_norms:
             h = _rms_norm(cfg, h, lp["post_attention_layernorm"]["weight"])
             x = x + h
@@ -227,11 +204,26 @@ def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids):
             x = x + h
             h = _rms_norm(cfg, x, lp["post_attention_layernorm"]["weight"])
             x = x + _mlp(cfg, lp["mlp"], h)
-    x = _rms_norm(cfg, x, m["norm"]["weight"])
-    head = embed if cfg.tie_embeddings else params["lm_head"]["weight"]
+    return _rms_norm(cfg, x, m["norm"]["weight"])
+
+
+def head_logits(cfg: DecoderConfig, params, x, start: int = 0, end: int | None = None):
+    """float32 logits of vocabulary entries [start, end) for hidden states ``x`` [B, L, D]."""
+    head = params["model"]["embed_tokens"]["weight"] if cfg.tie_embeddings else params["lm_head"]["weight"]
+    if start != 0 or (end is not None and end != head.shape[0]):
+        head = jax.lax.slice_in_dim(head, start, head.shape[0] if end is None else end, axis=0)
     # float32 accumulation for the logits whatever the weight dtype
     logits = jnp.einsum("bld,vd->blv", x, head, preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping:
         c = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / c) * c
     return logits.astype(jnp.float32)
+
+
+def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attention: str = "auto"):
+    """float32 logits [B, L, V] for int32 tokens/positions/segment_ids [B, L].
+
+    ``attention``: how attention is computed (``models.attention``); every choice gives the
+    same logits up to float rounding.
+    """
+    return head_logits(cfg, params, hidden(cfg, params, tokens, positions, segment_ids, attention=attention))

@@ -65,6 +65,28 @@ def read_tensors(uri: str, names=None):
             yield name, arr
 
 
+def read_rows(f, uri: str, base: int, name: str, info: dict, start: int | None = None, end: int | None = None):
+    """Rows [start, end) of dimension 0 of one tensor of an open file: one byte-range read.
+
+    The whole tensor for a 0-d one (or with no range given)."""
+    if info["dtype"] not in DTYPES:
+        raise InputError(f"{uri}: tensor {name} has unsupported dtype {info['dtype']}")
+    dtype = DTYPES[info["dtype"]]
+    shape = list(info["shape"])
+    t0, t1 = info["data_offsets"]
+    if not shape or start is None:
+        lo, hi, out_shape = t0, t1, shape
+    else:
+        row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        end = shape[0] if end is None else end
+        lo, hi, out_shape = t0 + start * row, t0 + end * row, [end - start, *shape[1:]]
+    f.seek(base + lo)
+    buf = f.read(hi - lo)
+    if len(buf) != hi - lo:
+        raise InputError(f"{uri}: tensor {name} is truncated")
+    return np.frombuffer(buf, dtype=dtype).reshape(out_shape)
+
+
 def tensor_names(uri: str) -> dict:
     fs, path = paths.url_to_fs(uri)
     with fs.open(path, "rb") as f:

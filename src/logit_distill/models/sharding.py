@@ -3,8 +3,18 @@
 ``replicate``: every array whole on every device. ``fsdp``: each array with at
 least ``min_size`` elements is split along its largest dimension that the mesh
 axis divides (axis ``fsdp`` if the mesh has one, else ``data``, else the first
-axis); smaller arrays (norms, biases) are replicated. The forward pass needs no
-annotations: under ``jit`` XLA gathers what each op needs.
+axis); smaller arrays (norms, biases) are replicated.
+
+``tensor`` (Megatron-style tensor parallelism over the mesh axis ``model``):
+q/k/v projections and the MLP's gate/up are split by output rows (attention
+heads, MLP columns), the attention output and MLP down projections by input
+columns, the embedding and output head by vocabulary rows; norms are
+replicated. A dimension the ``model`` axis does not divide stays whole.
+``fsdp+tensor``: ``tensor``, and each large array's other dimension split over
+the data axis as well (for teachers that do not fit ``model`` devices).
+
+The forward pass needs no annotations: under ``jit`` XLA's SPMD partitioner
+inserts the collectives each op needs.
 
 Meshes from ``jax.make_mesh`` have Explicit axes by default on jax 0.10, under
 which a gather from a sharded embedding table is a type error (the failure
@@ -18,7 +28,24 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MODES = ("replicate", "fsdp")
+MODES = ("replicate", "fsdp", "tensor", "fsdp+tensor")
+MODEL_AXIS = "model"
+# HF tensor name suffix -> the dimension split over ``model`` (HF [out, in] layout)
+_TENSOR_DIM = {
+    "q_proj.weight": 0, "k_proj.weight": 0, "v_proj.weight": 0, "o_proj.weight": 1,
+    "q_proj.bias": 0, "k_proj.bias": 0, "v_proj.bias": 0,
+    "gate_proj.weight": 0, "up_proj.weight": 0, "down_proj.weight": 1,
+    "gate_proj.bias": 0, "up_proj.bias": 0,
+    "embed_tokens.weight": 0, "lm_head.weight": 0,
+}
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        from ..errors import InputError
+
+        raise InputError(f"unknown sharding mode {mode!r}; choose one of {', '.join(MODES)}")
+    return mode
 
 
 def auto_mesh(mesh: Mesh) -> Mesh:
@@ -28,6 +55,18 @@ def auto_mesh(mesh: Mesh) -> Mesh:
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
+def make_mesh(devices, model_parallel: int = 1) -> Mesh:
+    """A ``data`` mesh of ``devices`` or, with ``model_parallel`` > 1, a 2-D (``data``, ``model``) one."""
+    devices = np.asarray(devices).reshape(-1)
+    if model_parallel <= 1:
+        return Mesh(devices, ("data",))
+    if devices.size % model_parallel:
+        from ..errors import InputError
+
+        raise InputError(f"--model-parallel {model_parallel} does not divide the {devices.size} devices")
+    return Mesh(devices.reshape(-1, model_parallel), ("data", MODEL_AXIS))
+
+
 def fsdp_axis(mesh: Mesh) -> str:
     for name in ("fsdp", "data"):
         if name in mesh.axis_names:
@@ -35,29 +74,45 @@ def fsdp_axis(mesh: Mesh) -> str:
     return mesh.axis_names[0]
 
 
-def spec_for(shape, mesh: Mesh, mode: str, min_size: int = 4096) -> P:
-    if mode not in MODES:
-        from ..errors import InputError
-
-        raise InputError(f"unknown sharding mode {mode!r}; choose one of {', '.join(MODES)}")
-    if mode == "replicate" or len(shape) < 2 or int(np.prod(shape)) < min_size:
-        return P()
-    axis = fsdp_axis(mesh)
-    n = mesh.shape[axis]
+def _fsdp_dim(shape, n: int, skip: int | None = None):
     for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-        if shape[dim] % n == 0:
-            spec = [None] * len(shape)
-            spec[dim] = axis
-            return P(*spec)
-    return P()
+        if dim != skip and shape[dim] % n == 0:
+            return dim
+    return None
 
 
-def sharding_for(shape, mesh: Mesh, mode: str, min_size: int = 4096) -> NamedSharding:
-    return NamedSharding(auto_mesh(mesh), spec_for(shape, mesh, mode, min_size))
+def spec_for(shape, mesh: Mesh, mode: str, min_size: int = 4096, name: str = "") -> P:
+    check_mode(mode)
+    spec: list = [None] * len(shape)
+    tensor_dim = None
+    if mode in ("tensor", "fsdp+tensor") and MODEL_AXIS in mesh.axis_names:
+        dim = next((d for suffix, d in _TENSOR_DIM.items() if name.endswith(suffix)), None)
+        if dim is not None and dim < len(shape) and shape[dim] % mesh.shape[MODEL_AXIS] == 0:
+            spec[dim] = MODEL_AXIS
+            tensor_dim = dim
+    if mode in ("fsdp", "fsdp+tensor") and len(shape) >= 2 and int(np.prod(shape)) >= min_size:
+        axis = fsdp_axis(mesh)
+        if axis != MODEL_AXIS:
+            dim = _fsdp_dim(shape, mesh.shape[axis], skip=tensor_dim)
+            if dim is not None:
+                spec[dim] = axis
+    return P(*spec)
+
+
+def sharding_for(shape, mesh: Mesh, mode: str, min_size: int = 4096, name: str = "") -> NamedSharding:
+    return NamedSharding(auto_mesh(mesh), spec_for(shape, mesh, mode, min_size, name))
+
+
+def _name(path) -> str:
+    parts = []
+    for p in path:
+        key = getattr(p, "key", getattr(p, "idx", None))
+        parts.append(str(key))
+    return ".".join(parts)
 
 
 def shard_params(params, mesh: Mesh, mode: str = "fsdp", min_size: int = 4096):
     """``params`` placed on ``mesh`` with NamedShardings (see module doc)."""
-    return jax.tree.map(
-        lambda a: jax.device_put(a, sharding_for(a.shape, mesh, mode, min_size)), params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, a: jax.device_put(a, sharding_for(a.shape, mesh, mode, min_size, _name(path))), params
     )

@@ -1,0 +1,160 @@
+"""Attention implementations of the decoder, chosen per backend or by name.
+
+Every implementation computes the same thing: causal attention that never
+crosses segments (0 = padding; a padding row attends to itself only, so it
+stays finite), optionally within a sliding window of positions (Gemma 3's local
+layers), with Gemma's optional logit softcapping, scores and softmax in float32.
+
+- ``dense``: the reference. Scores ``[B, K, G, L, L]`` in float32: quadratic memory.
+- ``blocked``: queries in blocks of ``BLOCK`` rows; each block attends to the
+  keys up to its own end only (the causal upper triangle of blocks is never
+  computed), with an exact softmax over that prefix. The largest temporary is
+  ``[B, K, G, BLOCK, L]``: linear in L. Pure JAX, compiled well by XLA on any
+  backend; for L <= BLOCK it is the dense computation.
+- ``pallas_gpu``: the Pallas GPU flash-attention kernel of jax
+  (``jax.experimental.pallas.ops.gpu.attention.mha``: causal, segment ids,
+  online softmax in SRAM). It has neither sliding windows nor softcapping, so
+  layers that need those fall back to ``blocked``.
+- ``auto``: ``pallas_gpu`` on GPU, else ``blocked`` when L > BLOCK, else ``dense``.
+
+Why not ``jax.nn.dot_product_attention``: it takes no segment ids, so packed
+examples would need an ``[L, L]`` mask, the very thing this module avoids.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+IMPLEMENTATIONS = ("auto", "dense", "blocked", "pallas_gpu")
+BLOCK = 512  # query rows per block of ``blocked``
+PALLAS_BLOCK = 128  # query and key rows per block of the Pallas kernel
+_NEG = float(np.finfo(np.float32).min)
+_INTERPRET = False  # run the Pallas kernels in interpret mode (tests on CPU)
+
+
+def check_attention(name: str) -> str:
+    if name not in IMPLEMENTATIONS:
+        from ..errors import InputError
+
+        raise InputError(f"unknown attention {name!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    return name
+
+
+def resolve_attention(name: str, *, L: int, cfg=None, backend: str | None = None) -> str:
+    """The implementation ``name`` stands for at sequence length ``L`` on ``backend``."""
+    check_attention(name)
+    if name != "auto":
+        return name
+    backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm") and L >= 128 and L % 128 == 0:
+        return "pallas_gpu"
+    return "blocked" if L > BLOCK else "dense"
+
+
+def attention_mask(positions, segment_ids, window: int | None = None, q_start: int = 0, q_end: int | None = None,
+                   k_end: int | None = None):
+    """[B, Lq, Lk] bool for query rows [q_start, q_end) and key columns [0, k_end):
+    causal, same nonzero segment, within ``window`` positions; a padding row attends to itself only.
+    """
+    L = segment_ids.shape[1]
+    q_end = L if q_end is None else q_end
+    k_end = L if k_end is None else k_end
+    seg_q = segment_ids[:, q_start:q_end, None]
+    seg_k = segment_ids[:, None, :k_end]
+    iq = jnp.arange(q_start, q_end)[None, :, None]
+    ik = jnp.arange(k_end)[None, None, :]
+    mask = (iq >= ik) & (seg_q == seg_k) & (seg_q > 0)
+    if window is not None:
+        dist = positions[:, q_start:q_end, None] - positions[:, None, :k_end]
+        mask = mask & (dist < window)
+    return mask | ((seg_q == 0) & (iq == ik))
+
+
+def _softmax_attend(cfg, q, k, v, mask):
+    """q [B, Lq, K, G, Dh], k/v [B, Lk, K, Dh], mask [B, Lq, Lk] -> [B, Lq, K, G, Dh]."""
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, k) * jnp.asarray(cfg.query_scale, q.dtype)
+    scores = scores.astype(jnp.float32)
+    if cfg.attn_logit_softcapping:
+        c = cfg.attn_logit_softcapping
+        scores = jnp.tanh(scores / c) * c
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgls,bskd->blkgd", probs, v)
+
+
+def _dense(cfg, q, k, v, positions, segment_ids, window, mask=None):
+    if mask is None:
+        mask = attention_mask(positions, segment_ids, window)
+    return _softmax_attend(cfg, q, k, v, mask)
+
+
+def _blocked(cfg, q, k, v, positions, segment_ids, window, block: int | None = None):
+    """Query blocks attending to their key prefix. Heads-major layout ``[B, K, G*rows, Dh]``: the
+    G query heads of a key/value head are rows of one matmul (XLA's CPU dot ran 2.5x faster so
+    than with ``G`` as a batch dimension)."""
+    B, L, K, G, Dh = q.shape
+    block = block or BLOCK
+    qh = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, L, Dh]
+    kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, L, Dh]
+    vh = jnp.transpose(v, (0, 2, 1, 3))
+    scale = jnp.asarray(cfg.query_scale, q.dtype)
+    outs = []
+    for start in range(0, L, block):
+        end = min(start + block, L)
+        n = end - start
+        mask = attention_mask(positions, segment_ids, window, q_start=start, q_end=end, k_end=end)
+        qb = qh[:, :, :, start:end].reshape(B, K, G * n, Dh)
+        scores = jnp.einsum("bkqd,bksd->bkqs", qb, kh[:, :, :end]) * scale
+        scores = scores.astype(jnp.float32).reshape(B, K, G, n, end)
+        if cfg.attn_logit_softcapping:
+            c = cfg.attn_logit_softcapping
+            scores = jnp.tanh(scores / c) * c
+        scores = jnp.where(mask[:, None, None], scores, _NEG)
+        # softmax normalized after the value matmul: one pass less over the [rows, keys] block
+        e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        denom = jnp.sum(e, axis=-1).reshape(B, K, G * n, 1)
+        o = jnp.einsum("bkqs,bksd->bkqd", e.astype(v.dtype).reshape(B, K, G * n, end), vh[:, :, :end],
+                       preferred_element_type=jnp.float32)
+        outs.append((o / denom).astype(v.dtype).reshape(B, K, G, n, Dh))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
+    return jnp.transpose(out, (0, 3, 1, 2, 4))  # [B, L, K, G, Dh]
+
+
+def _pallas_gpu(cfg, q, k, v, positions, segment_ids, window, interpret: bool = False):
+    """jax's Pallas flash-attention kernel; q [B, L, K, G, Dh] -> same shape."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    B, L, K, G, Dh = q.shape
+    qh = q.reshape(B, L, K * G, Dh)
+    # the kernel wants as many k/v heads as q heads
+    kh = jnp.repeat(k, G, axis=2)
+    vh = jnp.repeat(v, G, axis=2)
+    # padding rows (segment 0) attend to each other in the kernel; their outputs are not used
+    # downstream except to stay finite, which they are (every row sees at least itself)
+    block = min(PALLAS_BLOCK, L)
+    out = pallas_attention.mha(
+        qh, kh, vh, segment_ids=segment_ids, sm_scale=float(cfg.query_scale), causal=True,
+        block_sizes=pallas_attention.BlockSizes(block_q=block, block_k=block),
+        interpret=interpret or _INTERPRET,
+    )
+    return out.reshape(B, L, K, G, Dh)
+
+
+def attention_core(cfg, q, k, v, positions, segment_ids, window, impl: str, mask=None, interpret: bool = False):
+    """q [B, L, H, Dh] (rotated), k/v [B, L, K, Dh] -> [B, L, H, Dh]."""
+    B, L, H, Dh = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, L, K, H // K, Dh)
+    if impl == "pallas_gpu" and (window is not None or cfg.attn_logit_softcapping or L % min(PALLAS_BLOCK, L)):
+        impl = "blocked"
+    if impl == "dense":
+        out = _dense(cfg, q, k, v, positions, segment_ids, window, mask)
+    elif impl == "blocked":
+        out = _blocked(cfg, q, k, v, positions, segment_ids, window)
+    elif impl == "pallas_gpu":
+        out = _pallas_gpu(cfg, q, k, v, positions, segment_ids, window, interpret=interpret)
+    else:
+        raise ValueError(impl)
+    return out.reshape(B, L, H, Dh)

@@ -1,0 +1,229 @@
+"""The teacher at speed: attention implementations, vocabulary-chunked selection, device batch,
+tensor parallelism and streamed sharded loading, each against the reference computation."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from logit_distill.dump import DumpConfig, run_dump
+from logit_distill.errors import InputError
+from logit_distill.models import PRESETS, build_model, decoder, init_params
+from logit_distill.models import attention as attention_mod
+from logit_distill.topk import make_teacher_topk, select_topk
+
+# every family, weights large enough for peaked attention; Gemma 3 with both softcaps as well
+CONFIGS = {name: dict(PRESETS[f"tiny-{name}"], initializer_range=0.15)
+           for name in ("qwen3", "qwen2", "llama3", "gemma3")}
+CONFIGS["gemma3-softcaps"] = dict(CONFIGS["gemma3"], attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+
+
+def _model(name):
+    cfg = CONFIGS[name]
+    return build_model(cfg, init_params(cfg, 0, "float32"))
+
+
+def _packed_batch(vocab, L=48, seed=0):
+    """Row 0: three packed documents and padding; row 1: one document and padding."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (2, L)).astype(np.int32)
+    lengths = [(1, 13), (2, 20), (3, 9)]
+    seg = np.zeros((2, L), np.int32)
+    pos = np.zeros((2, L), np.int32)
+    at = 0
+    for s, n in lengths:
+        seg[0, at:at + n] = s
+        pos[0, at:at + n] = np.arange(n)
+        at += n
+    seg[1, :40] = 1
+    pos[1, :40] = np.arange(40) + 100
+    return tokens, pos, seg
+
+
+def _logits(m, impl, batch):
+    return np.asarray(jax.jit(functools.partial(decoder.apply, m.config, attention=impl))(m.params, *batch))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_blocked_attention_matches_dense(name, monkeypatch):
+    """Several query blocks, packed and windowed, within 1e-5 in float32 (padding rows included)."""
+    monkeypatch.setattr(attention_mod, "BLOCK", 16)
+    m = _model(name)
+    batch = _packed_batch(m.vocab_size)
+    ref = _logits(m, "dense", batch)
+    assert np.abs(ref).max() > 1.0
+    assert np.abs(_logits(m, "blocked", batch) - ref).max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_pallas_gpu_kernel_matches_dense(name, monkeypatch):
+    """jax's Pallas GPU flash kernel in interpret mode (Gemma's windowed layers fall back to blocked).
+    Padding rows attend to each other in the kernel: finite, not compared (their values are unused)."""
+    monkeypatch.setattr(attention_mod, "PALLAS_BLOCK", 16)
+    monkeypatch.setattr(attention_mod, "_INTERPRET", True)
+    m = _model(name)
+    batch = _packed_batch(m.vocab_size)
+    got = _logits(m, "pallas_gpu", batch)
+    assert np.isfinite(got).all()
+    real = batch[2] > 0
+    assert np.abs(got - _logits(m, "dense", batch))[real].max() <= 1e-5
+
+
+def test_auto_attention_choice():
+    r = attention_mod.resolve_attention
+    assert r("auto", L=256, backend="cpu") == "dense"
+    assert r("auto", L=4096, backend="cpu") == "blocked"
+    assert r("auto", L=4096, backend="gpu") == "pallas_gpu"
+    assert r("auto", L=100, backend="gpu") == "dense"
+    assert r("dense", L=4096, backend="gpu") == "dense"
+    with pytest.raises(InputError, match="unknown attention"):
+        r("flash", L=16)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3-softcaps"])
+def test_vocabulary_chunked_selection_matches_full(name):
+    """Chunks of 100 and 64 of a 512 vocabulary: the same ids; log-probs and tail within 2e-6 of the
+    unchunked selection and no further than it (+2e-6) from float64; one chunk: bit for bit."""
+    m = _model(name)
+    batch = _packed_batch(m.vocab_size)
+    k = 16
+    logits = np.asarray(jax.jit(m.apply)(m.params, *batch))
+    ref = {key: np.asarray(v) for key, v in jax.jit(lambda x: select_topk(x, k))(logits).items()}
+    x64 = logits.astype(np.float64)
+    lse = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1)
+    rest = x64.copy()
+    np.put_along_axis(rest, ref["topk_ids"], -np.inf, -1)
+    tail64 = np.log(np.exp(rest - rest.max(-1, keepdims=True)).sum(-1)) + rest.max(-1) - lse
+    lp64 = np.take_along_axis(x64, ref["topk_ids"], -1) - lse[..., None]
+    split = dict(features=functools.partial(decoder.hidden, m.config),
+                 head=functools.partial(decoder.head_logits, m.config), vocab_size=m.vocab_size)
+    for chunk in (m.vocab_size, 100, 64):
+        got = make_teacher_topk(None, k, vocab_chunk=chunk, **split)(m.params, *batch)
+        got = {key: np.asarray(v) for key, v in got.items()}
+        np.testing.assert_array_equal(got["topk_ids"], ref["topk_ids"])
+        for key, f64 in (("topk_logprobs", lp64), ("tail_logprob", tail64)):
+            if chunk == m.vocab_size:
+                np.testing.assert_array_equal(got[key], ref[key])  # one chunk: the unchunked computation
+            assert np.abs(got[key] - ref[key]).max() <= 2e-6, (chunk, key)
+            # as close to float64 as the unchunked selection, give or take 2e-6 (the head's matmul over a
+            # vocabulary slice rounds differently from the matmul over the whole vocabulary)
+            assert np.abs(got[key] - f64).max() <= np.abs(ref[key] - f64).max() + 2e-6, (chunk, key)
+
+
+def test_device_batch_groups_examples_with_the_same_results():
+    m = _model("qwen3")
+    tokens, pos, seg = _packed_batch(m.vocab_size)
+    tokens, pos, seg = (np.concatenate([a, a[::-1]]) for a in (tokens, pos, seg))  # 4 rows
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    outs = [make_teacher_topk(m.apply, 8, mesh=mesh, device_batch=db)(m.params, tokens, pos, seg)
+            for db in (1, 2, 4)]
+    for out in outs[1:]:
+        np.testing.assert_allclose(np.asarray(out["topk_logprobs"]), np.asarray(outs[0]["topk_logprobs"]),
+                                   atol=1e-5, rtol=0)
+
+
+def test_bad_settings_are_input_errors(tmp_path):
+    base = dict(teacher="preset:tiny-qwen3", data=str(tmp_path / "none.jsonl"), output=str(tmp_path / "o"),
+                top_k=4, seq_len=16, batch_size=4, num_steps=1, progress=False)
+    (tmp_path / "none.jsonl").write_text("\n".join(json.dumps({"text": "abc " * 40}) for _ in range(8)))
+    with pytest.raises(InputError, match="--device-batch 3 does not divide the 4 examples"):
+        run_dump(DumpConfig(**base, device_batch=3))
+    with pytest.raises(InputError, match="--model-parallel 2 needs --sharding tensor"):
+        run_dump(DumpConfig(**base, model_parallel=2))
+    with pytest.raises(InputError, match="unknown attention"):
+        run_dump(DumpConfig(**base, attention="flash"))
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- 8 devices
+
+_TP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, uuid, numpy as np, jax, gcsfs
+    from logit_distill.dump import DumpConfig, _Compute
+    from logit_distill.models import load_model, materialize_preset, shard_params, safetensors_io
+    from logit_distill.models.sharding import make_mesh
+    from logit_distill.topk import select_topk
+    assert jax.device_count() == 8
+    local = sys.argv[1]
+    materialize_preset("tiny-qwen3", local)
+    fs = gcsfs.GCSFileSystem(token="anon")
+    bucket = "tp-" + uuid.uuid4().hex[:10]
+    fs.mkdir(bucket)
+    fs.put(local, f"{bucket}/teacher", recursive=True)
+    gs = f"gs://{bucket}/teacher"
+
+    m = load_model(local)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 512, (4, 32)).astype(np.int32)
+    positions = np.tile(np.arange(32, dtype=np.int32), (4, 1))
+    seg = np.ones((4, 32), np.int32)
+    seg[1, 20:] = 2
+    ref = np.asarray(jax.jit(m.apply)(m.params, tokens, positions, seg))
+    ref_sel = {k: np.asarray(v) for k, v in jax.jit(lambda p: select_topk(m.apply(p, tokens, positions, seg), 8))(m.params).items()}
+    out = {}
+    mesh = make_mesh(jax.devices(), 4)
+    out["mesh"] = dict(mesh.shape)
+    for mode in ("tensor", "fsdp+tensor"):
+        p = shard_params(m.params, mesh, mode)
+        got = np.asarray(jax.jit(m.apply)(p, tokens, positions, seg))
+        out[mode] = float(np.abs(got - ref).max())
+        lp = p["model"]["layers"][0]
+        out[mode + "_specs"] = [str(lp["self_attn"]["q_proj"]["weight"].sharding.spec),
+                                str(lp["mlp"]["down_proj"]["weight"].sharding.spec)]
+        # the dump's step, 2-way data x 4-way model
+        config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=32, batch_size=4, sharding=mode,
+                            model_parallel=4)
+        c = _Compute(m, config)
+        sel = c.fetch(c.dispatch({"tokens": tokens, "positions": positions, "segment_ids": seg}, np.arange(4)))
+        out[mode + "_dump_logprobs"] = float(np.abs(sel["topk_logprobs"] - ref_sel["topk_logprobs"]).max())
+        out[mode + "_dump_top1"] = bool((sel["topk_ids"][..., 0] == ref_sel["topk_ids"][..., 0]).all())
+
+    # streamed loading from gs:// straight into shards: each tensor's bytes read once per process
+    read = {"bytes": 0}
+    orig = safetensors_io.read_rows
+    def counting(*a, **k):
+        arr = orig(*a, **k)
+        read["bytes"] += arr.nbytes
+        return arr
+    safetensors_io.read_rows = counting
+    total = sum(a.nbytes for a in jax.tree.leaves(m.params))
+    for mode in ("fsdp", "fsdp+tensor", "replicate"):
+        read["bytes"] = 0
+        m2 = load_model(gs, mesh=make_mesh(jax.devices(), 4 if "tensor" in mode else 1), shard_mode=mode)
+        same = all(np.array_equal(np.asarray(a), np.asarray(b))
+                   for a, b in zip(jax.tree.leaves(m2.params), jax.tree.leaves(m.params)))
+        out["load_" + mode] = {"same": same, "read_over_total": read["bytes"] / total,
+                               "embed_spec": str(m2.params["model"]["embed_tokens"]["weight"].sharding.spec)}
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def test_tensor_parallel_and_streamed_loading_on_eight_devices(tmp_path, gcs_emulator):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _TP_SCRIPT, str(tmp_path / "teacher")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    res = json.loads(line[len("RESULT"):])
+    assert res["mesh"] == {"data": 2, "model": 4}
+    for mode in ("tensor", "fsdp+tensor"):
+        assert res[mode] <= 1e-5, res
+        assert res[mode + "_dump_logprobs"] <= 1e-5 and res[mode + "_dump_top1"], res
+        q_spec, down_spec = res[mode + "_specs"]
+        assert q_spec.startswith("P('model'") and down_spec.endswith("'model')"), res
+    assert "data" in res["fsdp+tensor_specs"][0], res
+    for mode in ("fsdp", "fsdp+tensor", "replicate"):
+        assert res["load_" + mode]["same"], res
+        # every byte read once (no whole-file or per-device re-reads)
+        assert res["load_" + mode]["read_over_total"] == 1.0, res
+    assert res["load_fsdp+tensor"]["embed_spec"] == "P('model', 'data')", res
