@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-GOALS = {  # key -> (comparison, goal) from issue 7; None: reported without a goal
+GOALS = {  # key -> (comparison, goal); None: reported without a goal
     "dump_overhead_ratio": ("<=", 1.05),
     "dump_overhead_ratio_gcs": ("<=", 1.05),
     "selection_overhead_ratio": None,
@@ -132,6 +132,22 @@ def explain(key: str, d: dict, results: dict) -> str:
                 f"{d['train_tokens']:,} training tokens sampled from the teacher (so it is their best model) for "
                 f"{d['steps'] * d['batch_size'] * d['seq_len']:,} tokens of training. Limit: a tiny student "
                 "and little data (sampling has no KV cache), so both stay above the teacher.")
+    if key.startswith("teacher_flop_utilization_"):
+        return (f"model FLOPs/s of the dump's teacher step ({d['teacher']}, {d['dtype']}, {d['batch']} x "
+                f"{d['seq_len']} tokens, top-k {d['top_k']}, attention `{d['attention']}`, device batch "
+                f"{d['device_batch']}) over a {d['matmul']['n']}^3 {d['dtype']} matmul's FLOPs/s, alternated in one "
+                f"process: {d['teacher_gflops_per_s']:.0f} vs {d['matmul_gflops_per_s']:.0f} GFLOP/s "
+                f"(step {_s(d['teacher_step'])}, {d['tokens_per_s']:.0f} tokens/s; attention FLOPs counted causal). "
+                "Limit: on CPU, attention's softmax over 64-wide heads (exp and masking cost as much as the "
+                "score matmuls) and `lax.top_k` over 32k logits per position, neither of them FLOPs.")
+    if key == "attention_temp_bytes_ratio_8192_over_2048":
+        return (f"XLA's compiled memory analysis of the dump's teacher step (bench teacher, batch 1, attention "
+                f"`{d['attention']}`): temporaries {d['temp_bytes_8192'] / 2**20:.0f} MiB at L=8192 vs "
+                f"{d['temp_bytes_2048'] / 2**20:.0f} MiB at L=2048 (linear memory gives 4, [L, L] scores 16).")
+    if key == "load_over_read_ratio":
+        return (f"`load_model` of a {d['checkpoint_bytes'] / 1e6:.0f} MB checkpoint onto the dump's mesh (headers, "
+                f"byte-range reads, placement) {_s(d['load'])} vs reading the same files' bytes raw "
+                f"{_s(d['read'])} ({d['storage']}).")
     return ""
 
 
@@ -188,7 +204,8 @@ def render(doc: dict) -> str:
         "",
         "```",
         "make bench                                  # everything, default sizes (about 10 min on 2 CPU cores)",
-        "python -m bench.run --only dump,train      # a subset: keys or groups (selection, dump, resume, verify, train, kd)",
+        "python -m bench.run --only dump,train      # a subset: keys or groups (selection, dump, resume, verify, train, kd, teacher)",
+        "bash bench/device_teacher.sh               # the teacher group on an accelerator (1.7B bfloat16, L=4096)",
         "python -m bench.run --full                 # larger sizes, more repeats (longer)",
         "```",
         "",
@@ -265,7 +282,13 @@ def _accelerator_section(meta: dict, results: dict) -> list[str]:
     if meta.get("jax_backend") in (None, "cpu"):
         return lines + ["No GPU figures were measured in this run (no accelerator on this machine). The same "
                         "command on a GPU or TPU machine measures the same figures there and lists the absolute "
-                        "tokens/s of the dump and of the training steps in this section.", ""]
+                        "tokens/s of the dump and of the training steps in this section.", "",
+                        "The teacher at accelerator scale (`bash bench/device_teacher.sh`: installs the project "
+                        "with `jax[cuda12]`, then `python -m bench.run --device --only teacher`: a 1.7B-parameter "
+                        "Qwen3-style teacher in bfloat16, 8 x 4096 tokens a step through the dump's teacher step, "
+                        "tokens/s and MFU against an 8192^3 bfloat16 matmul measured in the same run and against "
+                        "the data-sheet peak; goal MFU >= 0.4) has **not been measured**: no accelerator was "
+                        "available to this work. The script is ready to run on one H200.", ""]
     rows = []
     for key, field, what in (
         ("dump_overhead_ratio", "dump_tokens_per_s", "dump (local disk)"),
@@ -274,9 +297,14 @@ def _accelerator_section(meta: dict, results: dict) -> list[str]:
         ("selection_overhead_ratio", "tokens_per_s_forward_topk", "teacher forward + top-k"),
         ("train_overhead_ratio", "offline_kd_tokens_per_s", "offline KD train step"),
         ("online_over_offline_step_ratio", "online_kd_tokens_per_s", "online KD train step"),
+        ("teacher_flop_utilization_4096", "tokens_per_s", "teacher step at L=4096 (teacher group)"),
     ):
         if key in results and field in results[key]["details"]:
             rows.append(f"| {what} | {results[key]['details'][field]:.0f} |")
+    t = results.get("teacher_flop_utilization_4096", {}).get("details", {})
+    if "mfu_vs_datasheet_bf16_peak" in t:
+        rows.append(f"| teacher MFU vs the data-sheet bf16 peak ({t['device_kind']}) | "
+                    f"{t['mfu_vs_datasheet_bf16_peak']:.3f} |")
     return lines + [f"Backend `{meta['jax_backend']}` ({', '.join(meta['devices'])}).", "",
                     "| what | tokens/s |", "| --- | --- |", *rows, ""]
 

@@ -48,6 +48,12 @@ SIZES = {
         "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 9, "teacher_matmul_n": 2048,
         "load_repeats": 9,
     },
+    # ``--device``: the teacher group on an accelerator (bench/device_teacher.sh): a 1.7B bfloat16
+    # teacher, 8 x 4096 tokens a step, against an 8192^3 bfloat16 matmul
+    "device": {
+        "teacher_model": "device", "teacher_shapes": [(8, 4096)], "teacher_repeats": 5, "teacher_matmul_n": 8192,
+        "load_repeats": 3,
+    },
 }
 
 # key -> (group that measures it). A group runs once if any of its keys is wanted.
@@ -114,7 +120,7 @@ def _meta(args, argv, started: float) -> dict:
     devices = jax.devices()
     return {
         "command": "python -m bench.run" + (" " + " ".join(argv) if argv else ""),
-        "mode": "full" if args.full else "quick",
+        "mode": "device" if args.device else "full" if args.full else "quick",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "cpu_model": _cpu_model(),
@@ -143,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--full", action="store_true", help="larger sizes and more repeats (longer)")
+    p.add_argument("--device", action="store_true",
+                   help="accelerator sizes (with --only teacher: a 1.7B bfloat16 teacher at L=4096)")
     p.add_argument("--only", default=None, help="comma-separated keys (or groups) to measure: "
                    + ", ".join(list(KEYS) + ORDER))
     p.add_argument("--results", default=os.path.join(common.ROOT, "bench", "results.json"))
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"unknown key {item!r}; known: {', '.join(list(KEYS) + ORDER)}")
     else:
         want = set(KEYS)
-    size = SIZES["full" if args.full else "quick"]
+    size = SIZES["device" if args.device else "full" if args.full else "quick"]
 
     started = time.time()
     common.enable_compile_cache()

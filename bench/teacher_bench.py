@@ -36,6 +36,34 @@ def _teacher_step(model, config_kw: dict):
     return compute, run
 
 
+# A 1.7B-parameter Qwen3-style teacher (Qwen3-1.7B's shapes) for the accelerator run.
+DEVICE_TEACHER = common.qwen3_config(vocab_size=151936, hidden=2048, intermediate=6144, layers=28, heads=16,
+                                     kv_heads=8, head_dim=128, max_len=8192)
+# dense bfloat16 peaks from the vendors' data sheets (no sparsity), FLOP/s
+_BF16_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "v5e": 197e12, "v5p": 459e12,
+               "v6e": 918e12, "v4": 275e12}
+
+
+def _random_params(cfg: dict, dtype: str):
+    """Random weights made on the device (host numpy would take minutes at 1-2B parameters)."""
+    import zlib
+
+    import jax
+    import jax.numpy as jnp
+
+    from logit_distill.models import build_model, decoder, from_hf_config
+
+    dc = from_hf_config(cfg)
+    flat = {}
+    for name, shape in decoder.expected_tensors(dc).items():
+        if name.endswith("norm.weight"):
+            flat[name] = jnp.ones(shape, dtype)
+        else:
+            key = jax.random.key(zlib.crc32(name.encode()))
+            flat[name] = (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    return build_model(cfg, decoder.unflatten(dc, flat), dtype=dtype, identity={"kind": "bench"})
+
+
 def _inputs(B: int, L: int, vocab: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(1, vocab, (B, L), dtype=np.int32)
@@ -64,7 +92,10 @@ def utilization(size: dict, cfg: dict = BENCH_TEACHER, dtype: str = "float32", m
     shapes = shapes or size["teacher_shapes"]
     repeats = repeats or size["teacher_repeats"]
     matmul_n = matmul_n or size["teacher_matmul_n"]
-    model = build_model(cfg, init_params(cfg, 0, dtype), dtype=dtype, identity={"kind": "bench"})
+    if jax.default_backend() == "cpu":
+        model = build_model(cfg, init_params(cfg, 0, dtype), dtype=dtype, identity={"kind": "bench"})
+    else:
+        model = _random_params(cfg, dtype)
     mm, mm_flops = _matmul_fn(matmul_n, dtype)
     mm()
     out = {}
@@ -93,9 +124,22 @@ def utilization(size: dict, cfg: dict = BENCH_TEACHER, dtype: str = "float32", m
                 "teacher_gflops_per_s": flops / step_s / 1e9, "matmul_gflops_per_s": mm_flops / mm_s / 1e9,
                 "tokens_per_s": B * L / step_s, "compile_s": compile_s,
                 "attention": compute.attention, "device_batch": compute.device_batch,
+                **_spec_mfu(flops / step_s),
             },
         }
     return out
+
+
+def _spec_mfu(flops_per_s: float) -> dict:
+    """MFU against the data-sheet dense bfloat16 peak of a known accelerator (none on CPU)."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    for name, peak in _BF16_PEAKS.items():
+        if name.lower() in kind.lower():
+            return {"device_kind": kind, "datasheet_bf16_peak_flops": peak,
+                    "mfu_vs_datasheet_bf16_peak": flops_per_s / peak}
+    return {"device_kind": kind}
 
 
 def _describe(cfg: dict) -> str:
@@ -166,7 +210,11 @@ def load_over_read(size: dict) -> dict:
 
 def teacher(size: dict, want: set) -> dict:
     out = {}
-    if want & {"teacher_flop_utilization_1024", "teacher_flop_utilization_4096"}:
+    if size.get("teacher_model") == "device":  # the accelerator run: 1.7B bfloat16 teacher at L=4096
+        if want & {"teacher_flop_utilization_4096", "teacher_flop_utilization_1024"}:
+            out.update(utilization(size, cfg=DEVICE_TEACHER, dtype="bfloat16",
+                                   extra={"attention": os.environ.get("LOGIT_DISTILL_BENCH_ATTENTION", "auto")}))
+    elif want & {"teacher_flop_utilization_1024", "teacher_flop_utilization_4096"}:
         out.update(utilization(size))
     if "attention_temp_bytes_ratio_8192_over_2048" in want:
         out.update(temp_bytes(size))

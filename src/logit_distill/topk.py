@@ -218,6 +218,7 @@ def make_teacher_topk(apply: Callable | None, k: int, mesh=None, *, tail_tempera
 
         fn = _on_mesh(run, mesh, device_batch)
 
+    @jax.jit
     def teacher_topk(params, tokens, positions, segment_ids):
         return fn(params, tokens, positions, segment_ids, jnp.zeros(tokens.shape[:1], jnp.int32))
 
