@@ -145,8 +145,9 @@ PARAMS: tuple[Param, ...] = (
     Param("text_field", str, "text", "JSONL field holding the text.", _to(PLAN, DUMP), group="dump"),
     Param("tokenizer", str, "", "tokenizer.json to use instead of the teacher's (empty: the teacher's).",
           _to(PLAN, DUMP, VERIFY), group="dump"),
-    Param("sharding", str, "replicate", "Teacher parameters over the devices: replicate or fsdp (sharded).",
-          _to(DUMP), vertex_default="fsdp", choices=("replicate", "fsdp"), group="dump"),
+    Param("sharding", str, "replicate", "Teacher parameters over the devices: replicate, fsdp (sharded over "
+          "the data axis), tensor (heads and MLP columns over all the devices of a host), or fsdp+tensor.",
+          _to(DUMP), vertex_default="fsdp", choices=("replicate", "fsdp", "tensor", "fsdp+tensor"), group="dump"),
     # ---- verification
     Param("verify_sample", int, 256, "Records whose values verify reads in full.", {VERIFY: "sample"}, min=0,
           variants=ALL, group="verify"),

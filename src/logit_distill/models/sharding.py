@@ -96,7 +96,7 @@ def spec_for(shape, mesh: Mesh, mode: str, min_size: int = 4096, name: str = "")
             dim = _fsdp_dim(shape, mesh.shape[axis], skip=tensor_dim)
             if dim is not None:
                 spec[dim] = axis
-    return P(*spec)
+    return P(*spec) if any(spec) else P()
 
 
 def sharding_for(shape, mesh: Mesh, mode: str, min_size: int = 4096, name: str = "") -> NamedSharding:
