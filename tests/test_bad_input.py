@@ -498,7 +498,7 @@ def test_silent_gcs_endpoint_fails_within_the_probe_timeout(tmp_path):
     _assert_one_line(proc, "dump", contains=("no answer about bucket some-bucket within 3 s",))
 
 
-@pytest.mark.parametrize("after_s", [0.2, 1.0, 2.0])
+@pytest.mark.parametrize("after_s", [0.2, 0.8, 1.5])
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130(after_s, dump_setup, tmp_path):
     import signal
     import subprocess
@@ -514,7 +514,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(after_s, dump_setup, tm
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    if proc.returncode == 0:  # finished before the signal came: then the store is whole
+    if proc.returncode == 0:  # finished before the signal came (or it came during teardown): the store is whole
         from logit_distill.verify import verify_store
 
         assert verify_store(str(out), progress=False).passed

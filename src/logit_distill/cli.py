@@ -72,9 +72,25 @@ def main(argv: list[str] | None = None) -> int:
             level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
         )
-        return run(args, command=command, debug=debug)
+        code = run(args, command=command, debug=debug)
     except KeyboardInterrupt as e:  # Ctrl-C while parsing or importing
-        return report_failure(command, e, debug)
+        code = report_failure(command, e, debug)
+    if argv is None:  # the program itself, not a caller in Python
+        _keep_exit_code_on_interrupt(code)
+    return code
+
+
+def _keep_exit_code_on_interrupt(code: int) -> None:
+    """Once the command's outcome is known, a Ctrl-C during the interpreter's teardown (JAX, gcsfs and
+    thread clean-up take a moment) ends the process at once with that outcome, without a traceback."""
+    import signal
+
+    def leave(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    signal.signal(signal.SIGINT, leave)
 
 
 def run(args, *, command: str, debug: bool = False) -> int:
