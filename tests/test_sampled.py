@@ -301,7 +301,7 @@ def test_train_offline_and_online_sampled(setup, tmp_path):
     assert np.isfinite(on.metrics["kd_loss"])
 
 
-def test_tempered_tail_store_and_refusal(setup, tmp_path):
+def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):
     from logit_distill.train import train_student
 
     out = str(tmp_path / "t")
@@ -313,6 +313,9 @@ def test_tempered_tail_store_and_refusal(setup, tmp_path):
     assert np.isfinite(r.metrics["kd_loss"])
     with pytest.raises(InputError, match="holds it at 2"):
         train_student(store=out, output=str(tmp_path / "b"), temperature=4.0, **common)
+    capfd.readouterr()
+    train_student(store=out, output=str(tmp_path / "c"), loss="topk_kl", alpha=1.0, **common)
+    assert "warning: --loss topk_kl with --alpha 1" in capfd.readouterr().err
 
 
 def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path):
