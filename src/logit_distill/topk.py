@@ -142,9 +142,10 @@ def select_sampled(logits: jax.Array, num_samples: int, keys: jax.Array,
     s = jnp.sort(draws, axis=-1)
     is_new = jnp.concatenate([jnp.ones_like(s[..., :1], bool), s[..., 1:] != s[..., :-1]], axis=-1)
     slot = jnp.cumsum(is_new, axis=-1) - 1
-    onehot = jax.nn.one_hot(slot, N, dtype=jnp.int32)  # [B, L, draw, slot]
-    counts = onehot.sum(-2)
-    ids = (onehot * jnp.where(is_new, s, 0)[..., None]).sum(-2)
+    flat_slot, flat_s = slot.reshape(-1, N), s.reshape(-1, N)
+    # Scatter-adds per position: memory linear in N (no [N, N] one-hot).
+    counts = jax.vmap(lambda sl: jnp.zeros(N, jnp.int32).at[sl].add(1))(flat_slot).reshape(s.shape)
+    ids = jax.vmap(lambda sl, v: jnp.zeros(N, jnp.int32).at[sl].max(v))(flat_slot, flat_s).reshape(s.shape)
     used = counts > 0
     lp = jnp.where(used, jnp.take_along_axis(logprobs, ids, axis=-1), 0.0)
     return {"sample_ids": ids, "sample_counts": counts, "sample_logprobs": lp}
