@@ -437,13 +437,11 @@ def run_dump(config: DumpConfig) -> DumpResult:
     done = _already_complete(config, t_start)
     if done is not None:  # a scan of names found every chunk: no teacher is loaded, nothing is written
         return done
-    lease = Lease(config.output, timeout_s=config.lease_timeout_s, force_takeover=config.force_takeover)
-    lease.check_free()  # a second dump refuses at once, before loading anything
+    lease = None
     process, _ = _process_info()
-    if process == 0:  # process 0 holds the store's lease for every process of the job
-        lease.acquire()  # before the teacher loads: two dumps never both spend minutes loading it
-    else:
-        lease = None
+    if process == 0:  # process 0 holds the store's lease for every process of the job (the others never look)
+        lease = Lease(config.output, timeout_s=config.lease_timeout_s, force_takeover=config.force_takeover)
+        lease.acquire()  # before the teacher loads: a second dump refuses at once, not after minutes of loading
     had_manifest = lease is None or paths.exists(paths.join(config.output, manifest_mod.MANIFEST_NAME))
     try:
         teacher, source, manifest = prepare(config)
