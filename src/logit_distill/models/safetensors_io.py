@@ -81,10 +81,19 @@ def read_rows(f, uri: str, base: int, name: str, info: dict, start: int | None =
         end = shape[0] if end is None else end
         lo, hi, out_shape = t0 + start * row, t0 + end * row, [end - start, *shape[1:]]
     f.seek(base + lo)
-    buf = f.read(hi - lo)
-    if len(buf) != hi - lo:
+    # straight into a fresh 64-byte-aligned numpy buffer, which a CPU device then takes without
+    # another copy (XLA's CPU client aliases aligned host buffers)
+    raw = np.empty(hi - lo + 64, np.uint8)
+    start_at = (-raw.ctypes.data) % 64
+    buf = raw[start_at:start_at + hi - lo]
+    got = f.readinto(memoryview(buf)) if hasattr(f, "readinto") else None
+    if got is None:
+        data = f.read(hi - lo)
+        got = len(data)
+        buf[:got] = np.frombuffer(data, np.uint8)
+    if got != hi - lo:
         raise InputError(f"{uri}: tensor {name} is truncated")
-    return np.frombuffer(buf, dtype=dtype).reshape(out_shape)
+    return buf.view(dtype).reshape(out_shape)
 
 
 def tensor_names(uri: str) -> dict:
