@@ -80,6 +80,7 @@ def test_sampled_record_round_trip(codec_name):
     rec = codec.decode_record(raw)
     S = int((counts > 0).sum(-1).max())
     assert rec["sample_ids"].shape == (Lq, S) and codec.decode_header(raw)["selection"] == "sampled"
+    assert codec.decode_header(raw)["top_k"] == N
     np.testing.assert_array_equal(rec["sample_ids"], ids[:, :S])
     np.testing.assert_array_equal(rec["sample_counts"], counts[:, :S])
     tol = 0 if codec_name == "exact" else codec.SAMPLED_LOGPROB_MAX_ERROR

@@ -5,7 +5,8 @@
              (``q = round(-logprob * 1024)``, clamped to [0, 65535]), so a decoded
              log-prob is within 2**-11 (~4.9e-4) of the stored one over [-64, 0];
              below -64 (probability < 1.6e-28) values are clamped to -65535/1024.
-             Sampled records: counts bit-packed to bit_length(N) bits, the sampled ids'
+             Sampled records: counts in unary (N bits per position, whatever the number of
+             distinct ids: count c is c - 1 one-bits and a zero), the sampled ids'
              log-probs as 12-bit fixed point (``q = round(-logprob * 128)``, clamped to
              [0, 4095]): within 2**-8 (~3.9e-3) over [-32, 0] (a drawn token below
              -32, probability < 1.3e-14, is clamped).
@@ -25,16 +26,16 @@ Layout (all little-endian; docs/FORMAT.md is the normative description):
     tail_logprob:          [L]     log-probs
     tail_logprob_tempered: [L, m]  log-probs (log tail mass at each manifest tail temperature)
 
-    sampled record (flags bit 0 set; width = S, the most distinct ids of any position;
-    aux = bits per count): ragged, n_j distinct ids at position j, M = sum_j n_j
-    num_distinct:      [L]     counts (n_j, 1..N)
+    sampled record (flags bit 0 set; width = N, the draws per position; aux = 0): ragged,
+    n_j distinct ids at position j, M = sum_j n_j
+    counts:            exact: num_distinct [L] int32 then sample_counts [M] int32;
+                       default: [L, N] bits, per position the unary codes of its counts
+                       (count c: c - 1 one-bits, then a zero-bit; they fill exactly N bits)
     sample_ids:        [M]     ids, position-major, ascending within a position
-    sample_counts:     [M]     counts (>= 1, summing to N per position)
     sample_logprobs:   [M]     sampled log-probs (the teacher's untempered log-prob)
 
 ``ids`` are int32 (exact) or one bit-packed stream of id_bits each, padded to a
-whole byte (default); ``counts`` are int32 (exact) or a bit-packed stream of aux
-bits (default); ``log-probs`` are float32 (exact) or uint16 fixed point
+whole byte (default); ``log-probs`` are float32 (exact) or uint16 fixed point
 (default); ``sampled log-probs`` float32 (exact) or a 12-bit packed stream
 (default). Segment ids and positions are stored as runs: positions inside a
 run are ``first_position + step * j``, so a packed row of D documents costs D runs.
@@ -85,11 +86,6 @@ def token_hash(tokens: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(tokens, dtype="<i4").tobytes(), digest_size=16).digest()
 
 
-def count_bits_for(num_samples: int) -> int:
-    """Bits per count in the default codec: enough for 0..N."""
-    return max(1, int(num_samples).bit_length())
-
-
 def bytes_per_entry(codec: str, vocab_size: int, seq_len: int, top_k: int) -> float:
     """Record size / (seq_len * top_k) for a packed row of one document."""
     size = record_size(codec, vocab_size, seq_len, top_k, num_runs=1)
@@ -108,12 +104,39 @@ def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int, tempered:
     return size + _packed_len(L, bits) + _packed_len(L * k, bits) + 2 * L * k + 2 * L + 2 * L * tempered
 
 
-def _sampled_size(codec: str, bits: int, count_bits: int, L: int, M: int, num_runs: int) -> int:
+def _sampled_size(codec: str, bits: int, N: int, L: int, M: int, num_runs: int) -> int:
     size = HEADER.size + RUN_DTYPE.itemsize * num_runs
     if codec == "exact":
         return size + 4 * L + 4 * L + 12 * M
-    return (size + _packed_len(L, bits) + _packed_len(L, count_bits) + _packed_len(M, bits)
-            + _packed_len(M, count_bits) + _packed_len(M, SAMPLED_LOGPROB_BITS))
+    return (size + _packed_len(L, bits) + _packed_len(L * N, 1) + _packed_len(M, bits)
+            + _packed_len(M, SAMPLED_LOGPROB_BITS))
+
+
+def encode_unary_counts(counts: np.ndarray, N: int) -> bytes:
+    """``[L, S]`` counts (used slots first, each row summing to N) as ``[L, N]`` bits: per position,
+    each count c as c - 1 one-bits then a zero-bit, little-endian bit order."""
+    counts = np.asarray(counts, np.int64)
+    L = counts.shape[0]
+    bits = np.ones((L, N), np.uint8)
+    used = counts > 0
+    ends = np.cumsum(counts, axis=-1) - 1
+    rows = np.broadcast_to(np.arange(L)[:, None], counts.shape)
+    bits[rows[used], ends[used]] = 0
+    return np.packbits(bits.reshape(-1), bitorder="little").tobytes()
+
+
+def decode_unary_counts(data, L: int, N: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of ``encode_unary_counts``: (n_j [L], flat counts [M] position-major)."""
+    raw = np.frombuffer(data, np.uint8, count=_packed_len(L * N, 1))
+    bits = np.unpackbits(raw, bitorder="little")[: L * N].reshape(L, N)
+    if L and np.any(bits[:, -1] != 0):
+        j = int(np.argmax(bits[:, -1] != 0))
+        raise StoreError(f"sampled record: the counts of position {j} do not end at N = {N} draws")
+    rows, cols = np.nonzero(bits == 0)
+    prev = np.empty_like(cols)
+    prev[:1] = -1
+    prev[1:] = np.where(rows[1:] == rows[:-1], cols[:-1], -1)
+    return np.bincount(rows, minlength=L).astype(np.int64), (cols - prev).astype(np.int32)
 
 
 def _packed_len(n: int, bits: int) -> int:
@@ -299,6 +322,7 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
                          f"sample_counts {counts.shape}, sample_logprobs {logprobs.shape}")
     if num_samples is None or int(num_samples) < 1:
         raise ValueError("a sampled record needs num_samples >= 1")
+    N = int(num_samples)
     used = counts > 0
     n = used.sum(-1)
     # Used slots must come first: slot j of position i is used iff j < n_i.
@@ -306,12 +330,13 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
         raise ValueError("sampled record: the slots with a count > 0 must come first at every position")
     if np.any(n < 1):
         raise ValueError("sampled record: every position needs at least one sampled id")
-    S = int(n.max()) if L else 0
+    if codec != "exact" and L and np.any(counts.sum(-1) != N):  # the unary layout needs it; exact keeps any
+        j = int(np.argmax(counts.sum(-1) != N))
+        raise ValueError(f"sampled record: the counts of position {j} sum to {int(counts[j].sum())}, not N = {N}")
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
-    cbits = 32 if codec == "exact" else count_bits_for(num_samples)
-    header = HEADER.pack(MAGIC, CODEC_IDS[codec], FLAG_SAMPLED, bits, cbits if cbits < 32 else 0,
-                         int(example_index), L, S, len(runs), store_tag, token_hash(tokens))
+    header = HEADER.pack(MAGIC, CODEC_IDS[codec], FLAG_SAMPLED, bits, 0,
+                         int(example_index), L, N, len(runs), store_tag, token_hash(tokens))
     flat_ids, flat_counts, flat_lp = ids[used], counts[used], logprobs[used]
     parts = [header, runs.tobytes()]
     if codec == "exact":
@@ -319,8 +344,7 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
                   flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
                   flat_lp.astype("<f4").tobytes()]
     else:
-        parts += [pack_bits(tokens, bits), pack_bits(n, cbits), pack_bits(flat_ids, bits),
-                  pack_bits(flat_counts, cbits),
+        parts += [pack_bits(tokens, bits), encode_unary_counts(counts, N), pack_bits(flat_ids, bits),
                   pack_bits(quantize_sampled_logprobs(flat_lp), SAMPLED_LOGPROB_BITS)]
     return b"".join(parts)
 
@@ -401,15 +425,13 @@ def decode_record(data: bytes) -> dict:
 
 
 def _decode_sampled(data: bytes, h: dict) -> dict:
-    L, S, bits, codec = h["seq_len"], h["top_k"], h["id_bits"], h["codec"]
-    cbits = 32 if codec == "exact" else h["aux"]
-    if cbits < 1:
-        raise StoreError("sampled record has 0 bits per count")
+    L, N, bits, codec = h["seq_len"], h["top_k"], h["id_bits"], h["codec"]
+    if N < 1:
+        raise StoreError("sampled record says 0 draws per position")
     mv = memoryview(data)
     off = HEADER.size
     runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (
-        4 * L if codec == "exact" else _packed_len(L, cbits))
+    head = runs_end + (8 * L if codec == "exact" else _packed_len(L, bits) + _packed_len(L * N, 1))
     if len(data) < head:
         raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
     runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
@@ -420,34 +442,34 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
         off += 4 * L
         n = np.frombuffer(mv, "<i4", L, off).astype(np.int64)
         off += 4 * L
-    else:
-        size = _packed_len(L, bits)
-        tokens = unpack_bits(mv[off : off + size], L, bits)
-        off += size
-        size = _packed_len(L, cbits)
-        n = unpack_bits(mv[off : off + size], L, cbits).astype(np.int64)
-        off += size
-    if np.any(n < 0) or np.any(n > S):
-        raise StoreError(f"sampled record: a position claims {int(n.max())} distinct ids, the header allows {S}")
-    M = int(n.sum())
-    expected = _sampled_size(codec, bits, cbits, L, M, h["num_runs"])
-    if len(data) != expected:
-        raise StoreError(f"record is {len(data)} bytes, its header and counts imply {expected}")
-    if codec == "exact":
+        if np.any(n < 1) or np.any(n > N):
+            raise StoreError(f"sampled record: a position claims {int(n.max())} distinct ids of N = {N} draws")
+        M = int(n.sum())
+        if len(data) != _sampled_size(codec, bits, N, L, M, h["num_runs"]):
+            raise StoreError(f"record is {len(data)} bytes, its header and counts imply "
+                             f"{_sampled_size(codec, bits, N, L, M, h['num_runs'])}")
         flat_ids = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
         off += 4 * M
         flat_counts = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
         off += 4 * M
         flat_lp = np.frombuffer(mv, "<f4", M, off).astype(np.float32)
     else:
+        size = _packed_len(L, bits)
+        tokens = unpack_bits(mv[off : off + size], L, bits)
+        off += size
+        size = _packed_len(L * N, 1)
+        n, flat_counts = decode_unary_counts(mv[off : off + size], L, N)
+        off += size
+        M = int(n.sum())
+        if len(data) != _sampled_size(codec, bits, N, L, M, h["num_runs"]):
+            raise StoreError(f"record is {len(data)} bytes, its header and counts imply "
+                             f"{_sampled_size(codec, bits, N, L, M, h['num_runs'])}")
         size = _packed_len(M, bits)
         flat_ids = unpack_bits(mv[off : off + size], M, bits)
         off += size
-        size = _packed_len(M, cbits)
-        flat_counts = unpack_bits(mv[off : off + size], M, cbits)
-        off += size
         size = _packed_len(M, SAMPLED_LOGPROB_BITS)
         flat_lp = dequantize_sampled_logprobs(unpack_bits(mv[off : off + size], M, SAMPLED_LOGPROB_BITS))
+    S = int(n.max()) if L else 0
     used = np.arange(S)[None, :] < n[:, None]
     ids = np.zeros((L, S), np.int32)
     counts = np.zeros((L, S), np.int32)

@@ -151,7 +151,6 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
     chk = res.records
     wanted = ctx.wanted.get(chunk.name, {})
     expected_index = ctx.global_index(chunk, np.arange(first, first + n, dtype=np.int64))
-    count_bits = 0 if ctx.codec == "exact" else codec_mod.count_bits_for(N)
 
     def where(i: int, position: int | None = None) -> dict:
         w = {"chunk": chunk.name, "record": int(first + i), "example": int(expected_index[i])}
@@ -168,9 +167,7 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
             h = codec_mod.decode_header(raw)
             bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
                 ("codec", ctx.codec), ("selection", "sampled"), ("seq_len", L), ("id_bits", ctx.id_bits),
-                ("aux", count_bits)) if h[key] != want]
-            if h["top_k"] > N:
-                bad.append(f"width {h['top_k']} (manifest: at most N = {N})")
+                ("top_k", N), ("aux", 0)) if h[key] != want]
             if bad:
                 chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
                         **where(i))
