@@ -232,12 +232,6 @@ class Lease:
     def _bytes(self) -> bytes:
         return (json.dumps({**self.record, "refreshed_at": time.time()}, indent=1, sort_keys=True) + "\n").encode()
 
-    def check_free(self) -> None:
-        """Refuse early (before any work) if a live dump holds the lease; touches nothing."""
-        record, _, refreshed_at = self._backend.read()
-        if record is not None:
-            self._refusal(record, refreshed_at)
-
     def _refusal(self, record: dict, refreshed_at: float) -> None:
         """Raise unless ``record``'s holder is dead, or stale and --force-takeover was given."""
         if holder_is_dead(record):
