@@ -135,7 +135,7 @@ def explain(key: str, d: dict, results: dict) -> str:
     if key.startswith("teacher_flop_utilization_"):
         return (f"model FLOPs/s of the dump's teacher step ({d['teacher']}, {d['dtype']}, {d['batch']} x "
                 f"{d['seq_len']} tokens, top-k {d['top_k']}, attention `{d['attention']}`, device batch "
-                f"{d['device_batch']}) over a {d['matmul']['n']}^3 {d['dtype']} matmul's FLOPs/s, alternated in one "
+                f"{d['device_batch']}) over a {d['matmul']['size']}^3 {d['dtype']} matmul's FLOPs/s, alternated in one "
                 f"process: {d['teacher_gflops_per_s']:.0f} vs {d['matmul_gflops_per_s']:.0f} GFLOP/s "
                 f"(step {_s(d['teacher_step'])}, {d['tokens_per_s']:.0f} tokens/s; attention FLOPs counted causal). "
                 "Limit: on CPU, attention's softmax over 64-wide heads (exp and masking cost as much as the "

@@ -681,7 +681,7 @@ def register_cli(subparsers) -> None:
                         "devices of one host); the rest of the devices split the batch")
     p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu"], default="auto",
                    help="attention implementation (default auto: the Pallas flash kernel on GPU, blocked "
-                        "for sequences over 512 tokens, dense otherwise); all agree to float rounding")
+                        "for sequences over 256 tokens, dense otherwise); all agree to float rounding")
     p.add_argument("--device-batch", type=int, default=None,
                    help="examples per kernel on each device with --sharding replicate (default: 1 on CPU, "
                         "8 on accelerators, lowered to divide the device's rows); fix it for identical "

@@ -5,7 +5,8 @@
   pure, jit-able; attention is causal and never crosses segments (0 = padding).
 - ``init_params`` / ``build_model``: a random student for an HF config.
 - ``save_hf_checkpoint``: config.json + model.safetensors (+ tokenizer) for transformers.
-- ``shard_params``: place params on a mesh (``replicate`` | ``fsdp``).
+- ``shard_params``: place params on a mesh (``replicate`` | ``fsdp`` | ``tensor`` | ``fsdp+tensor``).
+- ``attention``: the attention implementations (``dense``, ``blocked``, ``pallas_gpu``, ``auto``).
 - ``load_student(dir)``: the Flax NNX student exported by training (``flax_student``,
   docs/STUDENTS.md).
 

@@ -231,7 +231,9 @@ def load_checkpoint(
             continue
         file_uri = paths.join(uri, name)
         fs, path = paths.url_to_fs(file_uri)
-        with fs.open(path, "rb") as f:
+        # local files unbuffered (each tensor is one read straight into its buffer), others through fsspec
+        with (open(paths.local_path(file_uri), "rb", buffering=0) if paths.is_local(file_uri)
+              else fs.open(path, "rb")) as f:
             header, base = safetensors_io.read_header(f, file_uri)
             for t in sorted(wanted, key=lambda t: header[t]["data_offsets"][0]):
                 flat[t] = _read_placed(f, file_uri, base, t, header[t], np_dtype, mesh, shard_mode)

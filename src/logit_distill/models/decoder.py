@@ -10,7 +10,10 @@ Parameters are a plain pytree: nested dicts (and a list for the layers) whose
 paths are the HF tensor names split at the dots, e.g.
 ``params["model"]["layers"][3]["self_attn"]["q_proj"]["weight"]``; matrices
 keep the HF ``[out, in]`` layout, so loading and saving are renames-free.
-``apply(cfg, params, tokens, positions, segment_ids)`` is pure and jit-able.
+``apply(cfg, params, tokens, positions, segment_ids, attention="auto")`` is pure
+and jit-able; ``hidden`` and ``head_logits`` are its two halves (the final
+hidden states, and the float32 logits of a vocabulary slice), so a selection
+can run over vocabulary chunks. Attention implementations: ``attention.py``.
 """
 
 from __future__ import annotations
