@@ -16,7 +16,8 @@ PY=.venv-device/bin/python
 if [ ! -x "$PY" ]; then
   python3 -m venv .venv-device
   "$PY" -m pip install --quiet --upgrade pip
-  "$PY" -m pip install --quiet -e . "jax[cuda12]==$(python3 -c 'import re;print(re.search(r"jax\[?[a-z]*\]?==([0-9.]+)", open("pyproject.toml").read()).group(1))' 2>/dev/null || echo 0.10.2)"
+  JAX_VERSION="$(grep -oE '"jax==[0-9.]+"' pyproject.toml | grep -oE '[0-9.]+[0-9]' || echo 0.10.2)"
+  "$PY" -m pip install --quiet -e . "jax[cuda12]==${JAX_VERSION}"
 fi
 "$PY" -c "import jax; print('devices:', jax.devices()); assert jax.default_backend() != 'cpu', 'no accelerator'"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null | tee "$OUT/gpu.csv" || true
