@@ -527,6 +527,22 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(after_s, dump_setup, tm
     assert not (out / "lease.json").exists()
 
 
+def test_ctrl_c_during_teardown_keeps_the_exit_code():
+    """A Ctrl-C that lands after the command's outcome is known (here: from an atexit hook, as JAX's and
+    gcsfs's clean-up would see it) leaves the exit code alone instead of killing the process by SIGINT."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, os, signal, sys, time\n"
+            "from logit_distill.cli import _keep_exit_code_on_interrupt\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
+            "_keep_exit_code_on_interrupt()\n"
+            "sys.exit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+
+
 @pytest.fixture
 def small_fs(tmp_path):
     """A tiny tmpfs at ``tmp_path/mnt``: ``mount(size)``; ``read_only()`` remounts it read-only."""

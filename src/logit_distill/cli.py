@@ -76,21 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C while parsing or importing
         code = report_failure(command, e, debug)
     if argv is None:  # the program itself, not a caller in Python
-        _keep_exit_code_on_interrupt(code)
+        _keep_exit_code_on_interrupt()
     return code
 
 
-def _keep_exit_code_on_interrupt(code: int) -> None:
+def _keep_exit_code_on_interrupt() -> None:
     """Once the command's outcome is known, a Ctrl-C during the interpreter's teardown (JAX, gcsfs and
-    thread clean-up take a moment) ends the process at once with that outcome, without a traceback."""
+    thread clean-up take a moment) must not turn it into a death by SIGINT. SIG_IGN, unlike a Python
+    handler, is not reset to the default by the interpreter's finalization, so it covers all of it."""
     import signal
 
-    def leave(signum, frame):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-    signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run(args, *, command: str, debug: bool = False) -> int:
