@@ -118,3 +118,131 @@ def test_bad_records_raise_store_error():
         codec.decode_record(b"XXXX" + data[4:])
     with pytest.raises(StoreError, match="bytes, its header implies"):
         codec.decode_record(data[:-3])
+
+
+# ------------------------------------------------------------------ sampled records (default codec: Rice)
+
+
+def _random_sampled(rng, L, V, N, spread=None):
+    """Per position, N draws from a random distribution over V ids: (ids, counts, log-probs) [L, N]."""
+    ids = np.zeros((L, N), np.int32)
+    counts = np.zeros((L, N), np.int32)
+    lp = np.zeros((L, N), np.float32)
+    for j in range(L):
+        logits = rng.normal(size=V) * (spread if spread is not None else rng.uniform(0, 8))
+        logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+        u, c = np.unique(rng.choice(V, N, p=np.exp(logp) / np.exp(logp).sum()), return_counts=True)
+        ids[j, :len(u)], counts[j, :len(u)], lp[j, :len(u)] = u, c, logp[u]
+    return ids, counts, lp
+
+
+def _encode_sampled(ids, counts, lp, V, N, tokens=None, codec_name="default"):
+    L = ids.shape[0]
+    return codec.encode_record(codec_name, example_index=7, tokens=np.zeros(L) if tokens is None else tokens,
+                               segment_ids=np.ones(L), positions=np.arange(L), vocab_size=V, sample_ids=ids,
+                               sample_counts=counts, sample_logprobs=lp, num_samples=N)
+
+
+def _check_sampled(raw, ids, counts, lp):
+    rec = codec.decode_record(raw)
+    S = int((counts > 0).sum(-1).max())
+    np.testing.assert_array_equal(rec["sample_ids"], ids[:, :S])
+    np.testing.assert_array_equal(rec["sample_counts"], counts[:, :S])
+    want = np.maximum(lp[:, :S], codec.SAMPLED_LOGPROB_FLOOR)
+    assert np.abs(rec["sample_logprobs"] - want).max() <= codec.SAMPLED_LOGPROB_MAX_ERROR + 1e-6
+    return rec
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sampled_default_fuzz_round_trip_and_determinism(seed):
+    rng = np.random.default_rng(100 + seed)
+    L, V, N = int(rng.integers(1, 40)), int(rng.choice([2, 3, 50, 8192, 151936])), int(rng.choice([1, 2, 16, 64]))
+    ids, counts, lp = _random_sampled(rng, L, V, N)
+    raw = _encode_sampled(ids, counts, lp, V, N, tokens=rng.integers(0, V, L))
+    _check_sampled(raw, ids, counts, lp)
+    assert raw == _encode_sampled(ids, counts, lp, V, N, tokens=codec.decode_record(raw)["tokens"])
+
+
+def test_sampled_default_edges_and_bound():
+    V, N, L = 8192, 8, 5
+    ids = np.zeros((L, N), np.int32)
+    counts = np.zeros((L, N), np.int32)
+    lp = np.zeros((L, N), np.float32)
+    ids[0, 0], counts[0, 0] = 0, 8                                      # one id, the smallest
+    ids[1, :2], counts[1, :2], lp[1, :2] = [0, V - 1], [4, 4], [-0.0, -np.inf]  # both ends; -inf clamps
+    ids[2, :8], counts[2, :8] = np.arange(V - 8, V), 1                  # all distinct, adjacent, at the top
+    lp[2, :8] = np.linspace(-5000.0, -1e-3, 8)                           # far below any fixed-width range
+    ids[3, 0], counts[3, 0], lp[3, 0] = V - 1, 8, -1e6                   # below the floor: clamps
+    ids[4, :3], counts[4, :3], lp[4, :3] = [5, 6, 4000], [1, 6, 1], [-1.23456, -0.01, -20.0]
+    raw = _encode_sampled(ids, counts, lp, V, N)
+    rec = _check_sampled(raw, ids, counts, lp)
+    assert rec["sample_logprobs"][1, 1] == np.float32(codec.SAMPLED_LOGPROB_FLOOR)
+    # Every representable value in [-64, 0] is within the bound.
+    x = -np.linspace(0, 64, 100001).astype(np.float32)
+    back = codec.dequantize_sampled_logprobs(codec.quantize_sampled_logprobs(x))
+    assert np.abs(back - x).max() <= codec.SAMPLED_LOGPROB_MAX_ERROR + 1e-6
+
+
+def test_sampled_default_ids_must_ascend_and_fit():
+    V, N = 100, 4
+    ids = np.array([[9, 3, 0, 0]], np.int32)
+    counts = np.array([[2, 2, 0, 0]], np.int32)
+    with pytest.raises(ValueError, match="ascending"):
+        _encode_sampled(ids, counts, np.zeros((1, 4), np.float32), V, N)
+    with pytest.raises(ValueError, match="outside"):
+        _encode_sampled(np.array([[3, 200, 0, 0]], np.int32), counts, np.zeros((1, 4), np.float32), V, N)
+
+
+def test_rice_streams_round_trip_and_parameter_is_optimal():
+    rng = np.random.default_rng(3)
+    for scale in (0, 1, 30, 5000, 2 ** 20):
+        v = rng.geometric(1 / (scale + 1), size=int(rng.integers(1, 300))) - 1
+        k = codec.rice_parameter(v)
+        cost = lambda kk: int(np.sum(v >> kk)) + v.size * (kk + 1)  # noqa: E731
+        assert all(cost(k) <= cost(kk) for kk in range(codec.RICE_MAX_K + 1))
+        for kk in {0, k, codec.RICE_MAX_K}:
+            unary, rem = codec.rice_encode(v, kk)
+            data = b"\x07" + unary + rem
+            back, end = codec.rice_decode(data, 1, v.size, kk, "test")
+            np.testing.assert_array_equal(back, v)
+            assert end == len(data)
+
+
+def test_sampled_default_corrupt_records_raise_store_error():
+    rng = np.random.default_rng(5)
+    V, N, L = 8192, 32, 12
+    ids, counts, lp = _random_sampled(rng, L, V, N, spread=3.5)
+    raw = _encode_sampled(ids, counts, lp, V, N)
+    head = codec.HEADER.size + codec.RUN_DTYPE.itemsize + (13 * L + 7) // 8 + (N * L + 7) // 8
+    with pytest.raises(StoreError):
+        codec.decode_record(raw[:-1])
+    with pytest.raises(StoreError):
+        codec.decode_record(raw + b"\x00")
+    with pytest.raises(StoreError, match="earlier layout"):  # flags without the Rice bit
+        codec.decode_record(raw[:5] + bytes([codec.FLAG_SAMPLED]) + raw[6:])
+    with pytest.raises(StoreError, match="Rice parameters"):
+        codec.decode_record(raw[:head] + bytes([codec.RICE_MAX_K + 1]) + raw[head + 1:])
+    with pytest.raises(StoreError, match="ends before"):  # the unary stream never terminates
+        codec.decode_record(raw[:head + 2] + b"\xff" * (len(raw) - head - 2))
+    # Random byte flips never crash with anything but StoreError (or decode to something).
+    for _ in range(200):
+        bad = bytearray(raw)
+        i = int(rng.integers(head, len(raw)))
+        bad[i] ^= 1 << int(rng.integers(0, 8))
+        try:
+            codec.decode_record(bytes(bad))
+        except StoreError:
+            pass
+
+
+def test_sampled_default_size_beats_fixed_width():
+    """At ~16 distinct ids of V = 8192, a Rice-coded id gap plus log-prob costs far less than the
+    fixed-width 13-bit id plus 12-bit log-prob of the earlier layout."""
+    rng = np.random.default_rng(8)
+    V, N, L = 8192, 32, 64
+    ids, counts, lp = _random_sampled(rng, L, V, N, spread=3.6)
+    raw = _encode_sampled(ids, counts, lp, V, N)
+    M = int((counts > 0).sum())
+    fixed_width = codec._sampled_size("default", 13, N, L, M, 1) - 2 + (13 * M + 7) // 8 + (12 * M + 7) // 8
+    per_id = (len(raw) - codec._sampled_size("default", 13, N, L, M, 1)) * 8 / M
+    assert per_id < 19.5 and len(raw) < 0.85 * fixed_width, (per_id, len(raw), fixed_width)

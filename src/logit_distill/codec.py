@@ -64,13 +64,19 @@ LOGPROB_SCALE = 1024.0
 LOGPROB_FLOOR = -65535 / LOGPROB_SCALE
 LOGPROB_MAX_ERROR = 0.5 / LOGPROB_SCALE
 
-# Fixed point of sampled log-probs (default codec): log-prob = -q / SAMPLED_LOGPROB_SCALE, 12 bits.
-SAMPLED_LOGPROB_BITS = 12
-SAMPLED_LOGPROB_SCALE = 128.0
-SAMPLED_LOGPROB_FLOOR = -((1 << SAMPLED_LOGPROB_BITS) - 1) / SAMPLED_LOGPROB_SCALE
+# Fixed point of sampled log-probs (default codec): log-prob = -q / SAMPLED_LOGPROB_SCALE, q Rice-coded.
+SAMPLED_LOGPROB_SCALE = 32.0
+SAMPLED_LOGPROB_QMAX = (1 << 20) - 1
+SAMPLED_LOGPROB_FLOOR = -SAMPLED_LOGPROB_QMAX / SAMPLED_LOGPROB_SCALE
 SAMPLED_LOGPROB_MAX_ERROR = 0.5 / SAMPLED_LOGPROB_SCALE
+RICE_MAX_K = 24
+# The default codec's sampled layout, recorded in the manifest (codec.sampled_layout).
+SAMPLED_LAYOUT = "rice-v2"
 
 FLAG_SAMPLED = 1
+# Default-codec sampled records in the Rice layout (ids as gaps, log-probs Rice-coded); a default-codec
+# sampled record without it is the earlier layout, which this version does not read.
+FLAG_SAMPLED_RICE = 2
 
 CODEC_IDS = {"exact": 0, "default": 1}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
@@ -105,11 +111,82 @@ def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int, tempered:
 
 
 def _sampled_size(codec: str, bits: int, N: int, L: int, M: int, num_runs: int) -> int:
+    """Exact codec: the whole record; default codec: up to and including the Rice parameters."""
     size = HEADER.size + RUN_DTYPE.itemsize * num_runs
     if codec == "exact":
         return size + 4 * L + 4 * L + 12 * M
-    return (size + _packed_len(L, bits) + _packed_len(L * N, 1) + _packed_len(M, bits)
-            + _packed_len(M, SAMPLED_LOGPROB_BITS))
+    return size + _packed_len(L, bits) + _packed_len(L * N, 1) + 2
+
+
+# ---------------------------------------------------------------- Rice codes
+
+
+def rice_parameter(values: np.ndarray) -> int:
+    """The k in [0, RICE_MAX_K] that codes ``values`` in the fewest bits (the smallest on a tie):
+    value v costs (v >> k) + 1 + k bits."""
+    v = np.asarray(values, np.int64).reshape(-1)
+    if v.size == 0:
+        return 0
+    costs = [int(np.sum(v >> k)) + v.size * k for k in range(RICE_MAX_K + 1)]
+    return int(np.argmin(costs))
+
+
+def rice_encode(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
+    """Rice code of non-negative ``values`` with parameter ``k`` as two byte-aligned streams:
+    the quotients ``v >> k`` in unary (q one-bits then a zero-bit) and the remainders, k bits each."""
+    v = np.asarray(values, np.int64).reshape(-1)
+    q = v >> k
+    ends = np.cumsum(q + 1) - 1
+    bits = np.ones(int(ends[-1]) + 1 if v.size else 0, np.uint8)
+    bits[ends] = 0
+    unary = np.packbits(bits, bitorder="little").tobytes()
+    rem = pack_bits(v & ((1 << k) - 1), k) if k else b""
+    return unary, rem
+
+
+def rice_decode(data, offset: int, count: int, k: int, what: str) -> tuple[np.ndarray, int]:
+    """Inverse of ``rice_encode`` from ``data[offset:]``: (values int64 [count], offset after both streams)."""
+    if count == 0:
+        return np.zeros(0, np.int64), offset
+    if offset >= len(data):
+        raise StoreError(f"sampled record: the {what} stream starts past the end of the record")
+    raw = np.frombuffer(data, np.uint8, offset=offset)
+    # With k chosen by ``rice_parameter`` the mean quotient is about 1: look at 4 bits a code first.
+    window = raw[: (4 * count + 64) // 8]
+    zeros = np.flatnonzero(np.unpackbits(window, bitorder="little") == 0)[:count]
+    if zeros.size < count and window.size < raw.size:
+        zeros = np.flatnonzero(np.unpackbits(raw, bitorder="little") == 0)[:count]
+    if zeros.size < count:
+        raise StoreError(f"sampled record: the {what} stream ends before its {count} codes")
+    q = np.diff(zeros, prepend=-1) - 1
+    offset += (int(zeros[-1]) + 8) // 8
+    if k:
+        size = _packed_len(count, k)
+        if len(data) < offset + size:
+            raise StoreError(f"sampled record: the {what} remainders run past the end of the record")
+        rem = unpack_bits(memoryview(data)[offset: offset + size], count, k).astype(np.int64)
+        offset += size
+    else:
+        rem = 0
+    return (q << k) | rem, offset
+
+
+def sampled_id_gaps(flat_ids: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Ascending distinct ids per position (position-major, n_j each) as gaps: the first id of a
+    position itself, every later one minus its predecessor minus 1."""
+    ids = np.asarray(flat_ids, np.int64)
+    prev = np.concatenate([[-1], ids[:-1]])
+    starts = np.cumsum(n) - n
+    prev[starts[n > 0]] = -1
+    return ids - prev - 1
+
+
+def sampled_ids_from_gaps(gaps: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Inverse of ``sampled_id_gaps``."""
+    c = np.cumsum(np.asarray(gaps, np.int64) + 1)
+    starts = np.cumsum(n) - n
+    base = np.concatenate([[0], c])[starts]
+    return c - np.repeat(base, n) - 1
 
 
 def encode_unary_counts(counts: np.ndarray, N: int) -> bytes:
@@ -237,14 +314,14 @@ def dequantize_logprobs(q: np.ndarray) -> np.ndarray:
 
 
 def quantize_sampled_logprobs(x: np.ndarray) -> np.ndarray:
-    top = (1 << SAMPLED_LOGPROB_BITS) - 1
-    q = np.rint(-np.asarray(x, dtype=np.float32) * np.float32(SAMPLED_LOGPROB_SCALE))
+    top = SAMPLED_LOGPROB_QMAX
+    q = np.rint(-np.asarray(x, dtype=np.float64) * SAMPLED_LOGPROB_SCALE)
     q = np.nan_to_num(q, nan=top, posinf=top)
-    return np.clip(q, 0, top).astype(np.uint32)
+    return np.clip(q, 0, top).astype(np.int64)
 
 
 def dequantize_sampled_logprobs(q: np.ndarray) -> np.ndarray:
-    return q.astype(np.float32) * np.float32(-1.0 / SAMPLED_LOGPROB_SCALE)
+    return (np.asarray(q, np.float64) * (-1.0 / SAMPLED_LOGPROB_SCALE)).astype(np.float32)
 
 
 # ---------------------------------------------------------------- records
@@ -335,7 +412,8 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
         raise ValueError(f"sampled record: the counts of position {j} sum to {int(counts[j].sum())}, not N = {N}")
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
-    header = HEADER.pack(MAGIC, CODEC_IDS[codec], FLAG_SAMPLED, bits, 0,
+    flags = FLAG_SAMPLED if codec == "exact" else FLAG_SAMPLED | FLAG_SAMPLED_RICE
+    header = HEADER.pack(MAGIC, CODEC_IDS[codec], flags, bits, 0,
                          int(example_index), L, N, len(runs), store_tag, token_hash(tokens))
     flat_ids, flat_counts, flat_lp = ids[used], counts[used], logprobs[used]
     parts = [header, runs.tobytes()]
@@ -344,8 +422,15 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
                   flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
                   flat_lp.astype("<f4").tobytes()]
     else:
-        parts += [pack_bits(tokens, bits), encode_unary_counts(counts, N), pack_bits(flat_ids, bits),
-                  pack_bits(quantize_sampled_logprobs(flat_lp), SAMPLED_LOGPROB_BITS)]
+        if np.any(sampled_id_gaps(flat_ids, n) < 0):
+            raise ValueError("sampled record: the ids of a position must be distinct and ascending")
+        if flat_ids.size and (int(flat_ids.min()) < 0 or int(flat_ids.max()) >= 1 << bits):
+            raise ValueError(f"sampled record: an id lies outside [0, 2**{bits})")
+        gaps = sampled_id_gaps(flat_ids, n)
+        qlp = quantize_sampled_logprobs(flat_lp)
+        k_ids, k_lp = rice_parameter(gaps), rice_parameter(qlp)
+        parts += [pack_bits(tokens, bits), encode_unary_counts(counts, N), bytes([k_ids, k_lp]),
+                  *rice_encode(gaps, k_ids), *rice_encode(qlp, k_lp)]
     return b"".join(parts)
 
 
@@ -431,7 +516,7 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
     mv = memoryview(data)
     off = HEADER.size
     runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (8 * L if codec == "exact" else _packed_len(L, bits) + _packed_len(L * N, 1))
+    head = runs_end + (8 * L if codec == "exact" else _packed_len(L, bits) + _packed_len(L * N, 1) + 2)
     if len(data) < head:
         raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
     runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
@@ -454,6 +539,9 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
         off += 4 * M
         flat_lp = np.frombuffer(mv, "<f4", M, off).astype(np.float32)
     else:
+        if not h["flags"] & FLAG_SAMPLED_RICE:
+            raise StoreError("sampled record in an earlier layout (ids bit-packed, not Rice-coded gaps), "
+                             "which this version does not read; dump the store again")
         size = _packed_len(L, bits)
         tokens = unpack_bits(mv[off : off + size], L, bits)
         off += size
@@ -461,14 +549,21 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
         n, flat_counts = decode_unary_counts(mv[off : off + size], L, N)
         off += size
         M = int(n.sum())
-        if len(data) != _sampled_size(codec, bits, N, L, M, h["num_runs"]):
-            raise StoreError(f"record is {len(data)} bytes, its header and counts imply "
-                             f"{_sampled_size(codec, bits, N, L, M, h['num_runs'])}")
-        size = _packed_len(M, bits)
-        flat_ids = unpack_bits(mv[off : off + size], M, bits)
-        off += size
-        size = _packed_len(M, SAMPLED_LOGPROB_BITS)
-        flat_lp = dequantize_sampled_logprobs(unpack_bits(mv[off : off + size], M, SAMPLED_LOGPROB_BITS))
+        k_ids, k_lp = data[off], data[off + 1]
+        off += 2
+        if k_ids > RICE_MAX_K or k_lp > RICE_MAX_K:
+            raise StoreError(f"sampled record: Rice parameters {k_ids}, {k_lp} exceed {RICE_MAX_K}")
+        gaps, off = rice_decode(data, off, M, k_ids, "id gap")
+        flat_ids = sampled_ids_from_gaps(gaps, n)
+        if M and int(flat_ids.max()) >= 1 << bits:
+            raise StoreError(f"sampled record: a decoded id is {int(flat_ids.max())}, beyond {bits}-bit ids")
+        flat_ids = flat_ids.astype(np.int32)
+        qlp, off = rice_decode(data, off, M, k_lp, "log-prob")
+        if M and int(qlp.max()) > SAMPLED_LOGPROB_QMAX:
+            raise StoreError(f"sampled record: a log-prob code {int(qlp.max())} exceeds {SAMPLED_LOGPROB_QMAX}")
+        flat_lp = dequantize_sampled_logprobs(qlp)
+        if off != len(data):
+            raise StoreError(f"record is {len(data)} bytes, its header and codes imply {off}")
     S = int(n.max()) if L else 0
     used = np.arange(S)[None, :] < n[:, None]
     ids = np.zeros((L, S), np.int32)

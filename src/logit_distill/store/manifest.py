@@ -100,6 +100,9 @@ def build_manifest(
             logprob_scale=codec_mod.LOGPROB_SCALE,
             logprob_floor=codec_mod.LOGPROB_FLOOR,
         )
+        if selection == "sampled":
+            codec_info.update(sampled_layout=codec_mod.SAMPLED_LAYOUT,
+                              sampled_logprob_scale=codec_mod.SAMPLED_LOGPROB_SCALE)
     shapes = {"seq_len": int(seq_len), "top_k": int(top_k), "vocab_size": int(vocab_size)}
     if selection == "sampled":
         shapes.update(selection="sampled", num_samples=int(num_samples),
