@@ -120,6 +120,8 @@ def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
     assert done.returncode == 0, done.stderr
     assert chunk_bytes(out) == before
     s = store.open_store(ref)
+    if s.manifest["codec"]["name"] == "default":
+        assert s.manifest["codec"]["sampled_layout"] == codec.SAMPLED_LAYOUT
     rec = s.read(5)
     assert (rec["sample_counts"].sum(-1) == 16).all()
     report = verify_store(ref, teacher=setup["teacher"], spot_check=2, progress=False)

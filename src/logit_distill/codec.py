@@ -5,11 +5,12 @@
              (``q = round(-logprob * 1024)``, clamped to [0, 65535]), so a decoded
              log-prob is within 2**-11 (~4.9e-4) of the stored one over [-64, 0];
              below -64 (probability < 1.6e-28) values are clamped to -65535/1024.
-             Sampled records: counts in unary (N bits per position, whatever the number of
-             distinct ids: count c is c - 1 one-bits and a zero), the sampled ids'
-             log-probs as 12-bit fixed point (``q = round(-logprob * 128)``, clamped to
-             [0, 4095]): within 2**-8 (~3.9e-3) over [-32, 0] (a drawn token below
-             -32, probability < 1.3e-14, is clamped).
+             Sampled records (flags bit 1, layout "rice-v2"): counts in unary (N bits per
+             position, whatever the number of distinct ids: count c is c - 1 one-bits and a
+             zero); the ascending ids of a position as gaps and the log-probs as fixed point
+             (``q = round(-logprob * 32)``, within 2**-6 ~ 0.0156, clamped to [0, 2**20 - 1]),
+             both Rice-coded with a per-record parameter, each code split into a unary
+             quotient stream and a fixed-width remainder stream (vectorized decoding).
 
 Layout (all little-endian; docs/FORMAT.md is the normative description):
 
@@ -31,12 +32,15 @@ Layout (all little-endian; docs/FORMAT.md is the normative description):
     counts:            exact: num_distinct [L] int32 then sample_counts [M] int32;
                        default: [L, N] bits, per position the unary codes of its counts
                        (count c: c - 1 one-bits, then a zero-bit; they fill exactly N bits)
+    rice parameters:   default only: r_id u8, r_lp u8
     sample_ids:        [M]     ids, position-major, ascending within a position
+                       (default: gaps Rice-coded with r_id: unary quotients, then r_id-bit remainders)
     sample_logprobs:   [M]     sampled log-probs (the teacher's untempered log-prob)
+                       (default: fixed point q Rice-coded with r_lp, the same two streams)
 
 ``ids`` are int32 (exact) or one bit-packed stream of id_bits each, padded to a
 whole byte (default); ``log-probs`` are float32 (exact) or uint16 fixed point
-(default); ``sampled log-probs`` float32 (exact) or a 12-bit packed stream
+(default); ``sampled log-probs`` float32 (exact) or Rice-coded fixed point
 (default). Segment ids and positions are stored as runs: positions inside a
 run are ``first_position + step * j``, so a packed row of D documents costs D runs.
 Decoded, a sampled record's ``sample_ids``/``sample_counts``/``sample_logprobs``
