@@ -48,6 +48,10 @@ def dump_teacher_topk(
     text_field: str = "text",
     tokenizer: str = "",
     sharding: str = "replicate",
+    model_parallel: int = 0,
+    attention: str = "auto",
+    device_batch: int = 0,
+    vocab_chunk: int = 0,
     resources: dict = {},
 ) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool), ("store_state", str)]):
     """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
@@ -70,6 +74,8 @@ def dump_teacher_topk(
         proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
         tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
         dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, sharding=sharding, progress=False,
+        model_parallel=model_parallel or None, attention=attention, device_batch=device_batch or None,
+        vocab_chunk=vocab_chunk or None,
         # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
         # dead, only stale (not refreshed for its timeout, 120 s; the retries back off 60 s, then 120 s, ...).
         # A live lease (another run dumping the same store right now) is still refused.

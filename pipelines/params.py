@@ -119,7 +119,8 @@ PARAMS: tuple[Param, ...] = (
           "verifies it and trains from it.", variants=("from_store",), group="inputs"),
     Param("num_steps", int, REQUIRED, "Dump steps (batches of batch_size examples) the store covers.",
           _to(PLAN, DUMP, **{VERIFY: "expected_steps"}), min=1, group="inputs"),
-    # ---- the dump (every setting here but sharding changes the store's content, hence its key)
+    # ---- the dump (every setting here but sharding, model_parallel, attention, device_batch and
+    # vocab_chunk changes the store's content, hence its key)
     Param("top_k", int, 64, "Teacher entries kept per token position.", _to(PLAN, DUMP), min=1, group="dump"),
     Param("seq_len", int, 512, "Tokens per example.", _to(PLAN, DUMP), vertex_default=2048, min=2, group="dump"),
     Param("batch_size", int, 8, "Examples per dump step, across all hosts.", _to(PLAN, DUMP), min=1, group="dump"),
@@ -148,6 +149,17 @@ PARAMS: tuple[Param, ...] = (
     Param("sharding", str, "replicate", "Teacher parameters over the devices: replicate, fsdp (sharded over "
           "the data axis), tensor (heads and MLP columns over all the devices of a host), or fsdp+tensor.",
           _to(DUMP), vertex_default="fsdp", choices=("replicate", "fsdp", "tensor", "fsdp+tensor"), group="dump"),
+    Param("model_parallel", int, 0, "Devices of the mesh's model axis with sharding tensor or fsdp+tensor "
+          "(0: all the devices of a host).", _to(DUMP), min=0, group="dump"),
+    Param("attention", str, "auto", "Teacher attention: auto (per backend and sequence length), dense, blocked "
+          "(never builds the [L, L] scores; the CPU choice for long sequences) or pallas_gpu (the Pallas flash "
+          "kernel; GPU).", _to(DUMP), choices=("auto", "dense", "blocked", "pallas_gpu"), group="dump"),
+    Param("device_batch", int, 0, "Examples per kernel on each device with sharding replicate; must divide "
+          "batch_size / devices (0: the backend's default, 1 on CPU, 8 elsewhere).", _to(DUMP), min=0,
+          group="dump"),
+    Param("vocab_chunk", int, 0, "Vocabulary entries per chunk of the teacher's output head and selection "
+          "(0: 32768; smaller bounds the selection's memory for large vocabularies).", _to(DUMP), min=0,
+          group="dump"),
     # ---- verification
     Param("verify_sample", int, 256, "Records whose values verify reads in full.", {VERIFY: "sample"}, min=0,
           variants=ALL, group="verify"),

@@ -367,17 +367,17 @@ class _Compute:
         # matmuls themselves, so the last bits may differ.
         mesh = self.mesh if replicated else None
         self.sampled = config.selection == "sampled"
+        split = {}
+        if teacher.config is not None:  # the head and selection over vocabulary chunks
+            cfg = teacher.config
+            split = dict(features=functools.partial(decoder.hidden, cfg, attention=config.attention),
+                         head=functools.partial(decoder.head_logits, cfg), vocab_size=cfg.vocab_size,
+                         vocab_chunk=config.vocab_chunk)
         if self.sampled:
             self.fn = make_teacher_sampled(apply, config.samples, seed=config.seed,
                                            proposal_temperature=config.proposal_temperature, mesh=mesh,
-                                           device_batch=self.device_batch)
+                                           device_batch=self.device_batch, **split)
         else:
-            split = {}
-            if teacher.config is not None:  # the head and selection over vocabulary chunks
-                cfg = teacher.config
-                split = dict(features=functools.partial(decoder.hidden, cfg, attention=config.attention),
-                             head=functools.partial(decoder.head_logits, cfg), vocab_size=cfg.vocab_size,
-                             vocab_chunk=config.vocab_chunk)
             self.fn = make_teacher_topk(apply, config.top_k, mesh=mesh, tail_temperatures=config.tail_temperatures,
                                         device_batch=self.device_batch, **split)
         self.num_processes = jax.process_count()

@@ -14,12 +14,23 @@ top-k merged into it) and a running logsumexp of everything that left the
 top-k, so no ``[B, L, V]`` array is built and peak memory grows with the
 chunk, not with the vocabulary. One chunk is ``select_topk`` bit for bit;
 several give the same ids and agree within 2e-6 (the head's matmul over a
-slice rounds differently from the whole). The sampled selection still takes
-the whole ``[B, L, V]`` logits.
+slice rounds differently from the whole). Both selections iterate with
+``fold_vocab_chunks``: a loop over the chunks, so XLA cannot merge the
+chunks' head matmuls back into one.
+
+The sampled selection is chunked the same way (``select_sampled_chunked``), in
+two passes over the chunks: the first keeps running logsumexps (of the logits
+and, per chunk, of the tempered logits), which give each chunk's tempered
+mass; the second locates each draw's uniform first among the cumulative chunk
+masses, then inside its chunk by a cumulative sum over that chunk only, and
+gathers the drawn ids' log-probs. One chunk is ``select_sampled`` bit for bit;
+several give the same draws unless a uniform falls within float32 rounding of
+a step of the cumulative distribution, and log-probs within 1e-6.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -64,27 +75,54 @@ def select_topk(logits: jax.Array, k: int, tail_temperatures: Sequence[float] = 
     return out
 
 
-def chunk_bounds(vocab_size: int, chunk: int) -> list[tuple[int, int]]:
-    return [(s, min(s + chunk, vocab_size)) for s in range(0, vocab_size, chunk)]
+def _same_shapes(a, b) -> bool:
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def select_topk_chunked(chunk_logits: Callable, vocab_size: int, k: int, chunk: int,
+def fold_vocab_chunks(head: Callable, x: jax.Array, vocab_size: int, chunk: int, step: Callable, state=None):
+    """``state = step(state, start, float32 logits of entries [start, start + size))`` over the vocabulary
+    chunks in order; ``head(x, start, size)`` gives a chunk's logits.
+
+    The chunks run in a ``lax.fori_loop`` (``start`` traced) once the state's
+    shapes are stable (after the first chunk or few, which run unrolled), and a
+    last partial chunk after it. A loop, not an unrolled sequence: XLA would
+    merge unrolled head matmuls that share ``x`` into one (its dot merger), and
+    every chunk's logits would be live at once. Temporaries hold about one chunk.
+    """
+    full, last = divmod(vocab_size, chunk)
+    i = 0
+    while i < full:  # unrolled until the state keeps its shapes
+        new = step(state, i * chunk, head(x, i * chunk, chunk).astype(jnp.float32))
+        stable = state is not None and _same_shapes(new, state)
+        state, i = new, i + 1
+        if stable:
+            break
+    if i < full:
+        state = jax.lax.fori_loop(
+            i, full, lambda j, st: step(st, j * chunk, head(x, j * chunk, chunk).astype(jnp.float32)), state)
+    if last:
+        state = step(state, full * chunk, head(x, full * chunk, last).astype(jnp.float32))
+    return state
+
+
+def select_topk_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int, chunk: int,
                         tail_temperatures: Sequence[float] = ()) -> dict:
-    """``select_topk`` of the logits that ``chunk_logits(start, end)`` gives slice by slice."""
-    bounds = chunk_bounds(vocab_size, chunk)
-    if len(bounds) == 1:
-        return select_topk(chunk_logits(0, vocab_size), k, tail_temperatures)
+    """``select_topk`` of the logits that ``head(x, start, size)`` gives slice by slice."""
+    if chunk >= vocab_size:
+        return select_topk(head(x, 0, vocab_size), k, tail_temperatures)
+    if k > vocab_size:
+        raise ValueError(f"top-k {k} exceeds the vocabulary of {vocab_size}")
     scales = (1.0, *(1.0 / float(T) for T in tail_temperatures))
-    lse = rest = top_v = top_i = None  # lse, rest: one per scale
-    for start, end in bounds:
-        logits = chunk_logits(start, end).astype(jnp.float32)
-        c_v, c_i = jax.lax.top_k(logits, min(k, end - start))
+
+    def step(state, start, logits):  # state: lse, rest (one per scale), running top-k values, ids
+        c_v, c_i = jax.lax.top_k(logits, min(k, logits.shape[-1]))
         c_lse = [jax.nn.logsumexp(logits * s if s != 1.0 else logits, axis=-1) for s in scales]
         c_rest = [_lse_outside(logits * s if s != 1.0 else logits, c_i) for s in scales]
         c_i = c_i + start
-        if top_v is None:
-            lse, rest, top_v, top_i = c_lse, c_rest, c_v, c_i
-            continue
+        if state is None:
+            return c_lse, c_rest, c_v, c_i
+        lse, rest, top_v, top_i = state
         # candidates in id order (the running top-k holds lower ids): top_k keeps the lower id on ties
         cand_v = jnp.concatenate([top_v, c_v], axis=-1)
         cand_i = jnp.concatenate([top_i, c_i], axis=-1)
@@ -93,8 +131,9 @@ def select_topk_chunked(chunk_logits: Callable, vocab_size: int, k: int, chunk: 
         lse = [jnp.logaddexp(a, b) for a, b in zip(lse, c_lse)]
         rest = [jnp.logaddexp(r, jnp.logaddexp(c, _lse_outside(cand_v * s if s != 1.0 else cand_v, pos)))
                 for r, c, s in zip(rest, c_rest, scales)]
-    if top_v.shape[-1] < k:
-        raise ValueError(f"top-k {k} exceeds the vocabulary of {vocab_size}")
+        return lse, rest, top_v, top_i
+
+    lse, rest, top_v, top_i = fold_vocab_chunks(head, x, vocab_size, chunk, step)
     out = {
         "topk_ids": top_i.astype(jnp.int32),
         "topk_logprobs": top_v - lse[0][..., None],
@@ -117,6 +156,30 @@ def sample_keys(seed: int, example_index: jax.Array, length: int) -> jax.Array:
     return jax.vmap(row)(jnp.asarray(example_index).astype(jnp.uint32))
 
 
+def _distinct(draws: jax.Array, draw_logprobs: jax.Array) -> dict:
+    """``[..., N]`` draws (and each draw's log-prob) as distinct ascending ids in the first slots, their
+    counts (0 in unused slots) and log-probs (0 in unused slots)."""
+    N = draws.shape[-1]
+    s, s_lp = jax.lax.sort((draws, draw_logprobs), dimension=draws.ndim - 1, num_keys=1)
+    is_new = jnp.concatenate([jnp.ones_like(s[..., :1], bool), s[..., 1:] != s[..., :-1]], axis=-1)
+    slot = jnp.cumsum(is_new, axis=-1) - 1
+    flat_slot, flat_s, flat_lp = slot.reshape(-1, N), s.reshape(-1, N), s_lp.reshape(-1, N)
+    # Scatter-adds per position: memory linear in N (no [N, N] one-hot).
+    counts = jax.vmap(lambda sl: jnp.zeros(N, jnp.int32).at[sl].add(1))(flat_slot).reshape(s.shape)
+    ids = jax.vmap(lambda sl, v: jnp.zeros(N, jnp.int32).at[sl].max(v))(flat_slot, flat_s).reshape(s.shape)
+    lp = jax.vmap(lambda sl, v: jnp.full(N, -jnp.inf, jnp.float32).at[sl].max(v))(flat_slot, flat_lp)
+    used = counts > 0
+    return {"sample_ids": ids, "sample_counts": counts, "sample_logprobs": jnp.where(used, lp.reshape(s.shape), 0.0)}
+
+
+def _uniforms(keys: jax.Array, num_samples: int) -> jax.Array:
+    """``[B, L, N]`` float32 uniforms, N per position from its key."""
+    return jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (num_samples,), jnp.float32)))(keys)
+
+
+_searchsorted = jax.vmap(jax.vmap(lambda c, t: jnp.searchsorted(c, t, side="right")))
+
+
 def select_sampled(logits: jax.Array, num_samples: int, keys: jax.Array,
                    proposal_temperature: float = 1.0) -> dict:
     """N draws with replacement per position from ``softmax(logits / t)``, as distinct ids + counts.
@@ -134,21 +197,56 @@ def select_sampled(logits: jax.Array, num_samples: int, keys: jax.Array,
     logprobs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     q = logprobs / proposal_temperature
     cdf = jnp.cumsum(jnp.exp(q - jax.nn.logsumexp(q, axis=-1, keepdims=True)), axis=-1)
-    u = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (N,), jnp.float32)))(keys)
-    target = u * cdf[..., -1:]
+    target = _uniforms(keys, N) * cdf[..., -1:]
     V = logits.shape[-1]
-    find = jax.vmap(jax.vmap(lambda c, t: jnp.searchsorted(c, t, side="right")))
-    draws = jnp.minimum(find(cdf, target), V - 1).astype(jnp.int32)
-    s = jnp.sort(draws, axis=-1)
-    is_new = jnp.concatenate([jnp.ones_like(s[..., :1], bool), s[..., 1:] != s[..., :-1]], axis=-1)
-    slot = jnp.cumsum(is_new, axis=-1) - 1
-    flat_slot, flat_s = slot.reshape(-1, N), s.reshape(-1, N)
-    # Scatter-adds per position: memory linear in N (no [N, N] one-hot).
-    counts = jax.vmap(lambda sl: jnp.zeros(N, jnp.int32).at[sl].add(1))(flat_slot).reshape(s.shape)
-    ids = jax.vmap(lambda sl, v: jnp.zeros(N, jnp.int32).at[sl].max(v))(flat_slot, flat_s).reshape(s.shape)
-    used = counts > 0
-    lp = jnp.where(used, jnp.take_along_axis(logprobs, ids, axis=-1), 0.0)
-    return {"sample_ids": ids, "sample_counts": counts, "sample_logprobs": lp}
+    draws = jnp.minimum(_searchsorted(cdf, target), V - 1).astype(jnp.int32)
+    return _distinct(draws, jnp.take_along_axis(logprobs, draws, axis=-1))
+
+
+def select_sampled_chunked(head: Callable, x: jax.Array, vocab_size: int, num_samples: int, keys: jax.Array,
+                           chunk: int, proposal_temperature: float = 1.0) -> dict:
+    """``select_sampled`` of the logits that ``head(x, start, size)`` gives slice by slice.
+
+    Pass 1 keeps the running logsumexp of the logits and each chunk's
+    logsumexp of the tempered logits: together they give each chunk's share of
+    the tempered mass. Pass 2 recomputes each chunk's logits, takes the
+    cumulative sum of its tempered probabilities, and locates there the draws
+    whose target ``u * total`` fell in that chunk's span of the cumulative
+    chunk masses. The head runs twice; memory holds about one chunk's logits.
+    """
+    if chunk >= vocab_size:
+        return select_sampled(head(x, 0, vocab_size), num_samples, keys, proposal_temperature)
+    N, t = int(num_samples), float(proposal_temperature)
+    chunks = -(-vocab_size // chunk)
+
+    def pass1(state, start, logits):  # running logsumexp; per chunk, logsumexp of logits / t
+        lse, lse_t = state
+        return (jnp.logaddexp(lse, jax.nn.logsumexp(logits, axis=-1)),
+                lse_t.at[..., start // chunk].set(jax.nn.logsumexp(logits / t, axis=-1)))
+
+    lse, lse_t = fold_vocab_chunks(head, x, vocab_size, chunk, pass1, (
+        jnp.full(x.shape[:-1], -jnp.inf, jnp.float32), jnp.zeros((*x.shape[:-1], chunks), jnp.float32)))
+    # log of each chunk's tempered mass, q = (logits - lse) / t: logsumexp(logits / t) - lse / t
+    log_mass = lse_t - (lse / t)[..., None]
+    lse_q = jax.nn.logsumexp(log_mass, axis=-1)
+    cum = jnp.cumsum(jnp.exp(log_mass - lse_q[..., None]), axis=-1)  # [B, L, chunks]
+    target = _uniforms(keys, N) * cum[..., -1:]
+    in_chunk = jnp.minimum(_searchsorted(cum, target), chunks - 1)  # each draw's chunk
+    target = target - jnp.take_along_axis(jnp.pad(cum, [(0, 0), (0, 0), (1, 0)]), in_chunk, axis=-1)
+
+    def pass2(state, start, logits):  # draws (and their log-probs) that fall in this chunk
+        draws, draw_lp, target = state
+        logprobs = logits - lse[..., None]
+        cdf = jnp.cumsum(jnp.exp(logprobs / t - lse_q[..., None]), axis=-1)
+        local = jnp.minimum(_searchsorted(cdf, target), logits.shape[-1] - 1).astype(jnp.int32)
+        here = in_chunk == start // chunk
+        return (jnp.where(here, local + start, draws),
+                jnp.where(here, jnp.take_along_axis(logprobs, local, axis=-1), draw_lp), target)
+
+    # the state carries the targets, which depend on pass 1: pass 2's chunks come after it
+    state = (jnp.zeros(target.shape, jnp.int32), jnp.zeros(target.shape, jnp.float32), target)
+    draws, draw_lp, _ = fold_vocab_chunks(head, x, vocab_size, chunk, pass2, state)
+    return _distinct(draws, draw_lp)
 
 
 def _on_mesh(run: Callable, mesh, device_batch: int) -> Callable:
@@ -215,7 +313,7 @@ def make_teacher_topk(apply: Callable | None, k: int, mesh=None, *, tail_tempera
 
         def run(params, tokens, positions, segment_ids, example_index):
             x = features(params, tokens, positions, segment_ids)
-            return select_topk_chunked(lambda s, e: head(params, x, s, e), vocab_size, k, chunk, temps)
+            return select_topk_chunked(functools.partial(head, params), x, vocab_size, k, chunk, temps)
 
         fn = _on_mesh(run, mesh, device_batch)
 
@@ -226,13 +324,28 @@ def make_teacher_topk(apply: Callable | None, k: int, mesh=None, *, tail_tempera
     return teacher_topk
 
 
-def make_teacher_sampled(apply: Callable, num_samples: int, *, seed: int, proposal_temperature: float = 1.0,
-                         mesh=None, device_batch: int = 1) -> Callable:
+def make_teacher_sampled(apply: Callable | None, num_samples: int, *, seed: int, proposal_temperature: float = 1.0,
+                         mesh=None, device_batch: int = 1, features: Callable | None = None,
+                         head: Callable | None = None, vocab_size: int | None = None,
+                         vocab_chunk: int | None = None) -> Callable:
     """``fn(params, tokens, positions, segment_ids, example_index) -> {sample_ids, sample_counts,
-    sample_logprobs}``: the same draws for an example wherever and whenever it is computed."""
+    sample_logprobs}``: the same draws for an example wherever and whenever it is computed.
+
+    ``features``, ``head``, ``vocab_size`` and ``vocab_chunk`` as in ``make_teacher_topk``: the head and
+    the draws run over vocabulary chunks (``select_sampled_chunked``).
+    """
     t = float(proposal_temperature)
-    return make_teacher_select(apply, lambda logits, keys: select_sampled(logits, num_samples, keys, t), mesh,
-                               seed=int(seed), device_batch=device_batch)
+    if features is None:
+        return make_teacher_select(apply, lambda logits, keys: select_sampled(logits, num_samples, keys, t),
+                                   mesh, seed=int(seed), device_batch=device_batch)
+    chunk = int(vocab_chunk or AUTO_VOCAB_CHUNK)
+
+    def run(params, tokens, positions, segment_ids, example_index):
+        keys = sample_keys(int(seed), example_index, tokens.shape[1])
+        x = features(params, tokens, positions, segment_ids)
+        return select_sampled_chunked(functools.partial(head, params), x, vocab_size, num_samples, keys, chunk, t)
+
+    return _on_mesh(run, mesh, device_batch)
 
 
 def make_teacher_lse(apply: Callable) -> Callable:

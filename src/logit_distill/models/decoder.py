@@ -210,11 +210,14 @@ def hidden(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attent
     return _rms_norm(cfg, x, m["norm"]["weight"])
 
 
-def head_logits(cfg: DecoderConfig, params, x, start: int = 0, end: int | None = None):
-    """float32 logits of vocabulary entries [start, end) for hidden states ``x`` [B, L, D]."""
+def head_logits(cfg: DecoderConfig, params, x, start=0, size: int | None = None):
+    """float32 logits of vocabulary entries [start, start + size) (default: to the end) for hidden states
+    ``x`` [B, L, D]; ``start`` may be traced (a loop over vocabulary chunks) when ``size`` is given."""
     head = params["model"]["embed_tokens"]["weight"] if cfg.tie_embeddings else params["lm_head"]["weight"]
-    if start != 0 or (end is not None and end != head.shape[0]):
-        head = jax.lax.slice_in_dim(head, start, head.shape[0] if end is None else end, axis=0)
+    if isinstance(start, jax.Array):
+        head = jax.lax.dynamic_slice_in_dim(head, start, size, axis=0)
+    elif start != 0 or (size is not None and size != head.shape[0]):
+        head = jax.lax.slice_in_dim(head, start, head.shape[0] if size is None else start + size, axis=0)
     # float32 accumulation for the logits whatever the weight dtype
     logits = jnp.einsum("bld,vd->blv", x, head, preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping:
