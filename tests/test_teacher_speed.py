@@ -19,7 +19,7 @@ from logit_distill.errors import InputError
 from logit_distill.models import PRESETS, build_model, decoder, init_params
 from logit_distill.models import attention as attention_mod
 from logit_distill.topk import (make_teacher_sampled, make_teacher_topk, sample_keys, select_sampled,
-                               select_sampled_chunked, select_topk)
+                               select_sampled_chunked, select_topk, select_topk_chunked)
 
 # every family, weights large enough for peaked attention; Gemma 3 with both softcaps as well
 CONFIGS = {name: dict(PRESETS[f"tiny-{name}"], initializer_range=0.15)
@@ -154,14 +154,16 @@ def test_vocabulary_chunked_sampling_matches_full(name, t):
 
 
 def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
-    """XLA's compiled memory analysis: the chunked sampled selection's temporaries stay flat from V = 4096
-    to 16384 (chunks of 1024), while the unchunked selection's grow with V."""
+    """XLA's compiled memory analysis: the chunked selections' temporaries (sampled and top-k) stay flat
+    from V = 4096 to 16384 (chunks of 1024), while the unchunked selection's grow with V."""
     B, L, D, N = 1, 128, 32, 16
 
-    def temp_bytes(V, chunk):
+    def temp_bytes(V, chunk, topk=False):
         def f(W, x, example_index):
             keys = sample_keys(0, example_index, L)
             head = lambda x, s, n: jnp.einsum("bld,vd->blv", x, jax.lax.dynamic_slice_in_dim(W, s, n))
+            if topk:
+                return select_topk_chunked(head, x, V, 8, chunk)
             if chunk is None:
                 return select_sampled(head(x, 0, V), N, keys)
             return select_sampled_chunked(head, x, V, N, keys, chunk)
@@ -175,6 +177,8 @@ def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
     assert full[1] > 3 * full[0]
     assert chunked[1] < 1.2 * chunked[0], chunked
     assert chunked[1] < full[1] / 3, (chunked, full)
+    topk = [temp_bytes(V, 1024, topk=True) for V in (4096, 16384)]
+    assert topk[1] < 1.2 * topk[0], topk
 
 
 def test_device_batch_groups_examples_with_the_same_results():
