@@ -623,3 +623,68 @@ def test_a_dump_that_fails_before_its_first_chunk_leaves_no_manifest(small_fs, d
     code, _, err = run_cli(capsys, *args)
     assert_one_line_error(code, err, command="dump", contains=("No space left on device",))
     assert not out.exists()  # no manifest, no lease, no temporary, no folder
+
+
+# =====================================================================================
+# Non-finite values, tokenizer identity, caches: NaN never passes silently.
+# =====================================================================================
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dump_helpers import dump_args, store_files, teacher_dir, write_corpus  # noqa: E402
+
+
+def run_cli_err(capsys, *args) -> tuple[int, str]:
+    """``logit-distill ARGS`` in this process; (exit code, stderr), argparse's exits included."""
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+def one_line_error(err: str, command: str) -> str:
+    """The last line of stderr is the error; no traceback anywhere."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert lines and lines[-1].startswith(f"logit-distill {command}: error: "), err
+    return lines[-1]
+
+
+
+@pytest.fixture(scope="module")
+def values_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("values")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOGIT_DISTILL_CACHE", str(root / "cache"))
+        teacher = teacher_dir(root)
+    return {"root": root, "teacher": teacher, "data": write_corpus(root / "corpus.jsonl", num_docs=40)}
+
+
+def _nan_teacher(src: str, dst: str) -> str:
+    """A copy of the checkpoint ``src`` with one NaN weight."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    name = next(n for n in sorted(weights) if n.endswith("mlp.down_proj.weight"))
+    weights[name] = weights[name].copy()
+    weights[name].flat[7] = np.nan
+    save_file(weights, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_nan_teacher_writes_no_chunk(values_setup, tmp_path, capsys):
+    teacher = _nan_teacher(values_setup["teacher"], str(tmp_path / "nan-teacher"))
+    out = tmp_path / "store"
+    rc, err = run_cli_err(capsys, *dump_args(teacher, values_setup["data"], out, num_steps=4))
+    line = one_line_error(err, "dump")
+    assert rc == 3, err
+    assert "not finite" in line and "step 0, example 0, position" in line, line
+    names = set(store_files(str(out))) if os.path.exists(out) else set()
+    assert not any(n.startswith("chunk-") for n in names), names

@@ -246,3 +246,22 @@ def test_sampled_default_size_beats_fixed_width():
     fixed_width = codec._sampled_size("default", 13, N, L, M, 1) - 2 + (13 * M + 7) // 8 + (12 * M + 7) // 8
     per_id = (len(raw) - codec._sampled_size("default", 13, N, L, M, 1)) * 8 / M
     assert per_id < 19.5 and len(raw) < 0.85 * fixed_width, (per_id, len(raw), fixed_width)
+
+
+@pytest.mark.parametrize("codec_name", ["exact", "default"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_codecs_refuse_nan_and_plus_inf(codec_name, bad):
+    from logit_distill.errors import NonFiniteError
+
+    L, k = 6, 3
+    lp = np.log(np.tile(np.float32([0.5, 0.2, 0.1]), (L, 1)))
+    for field in ("topk_logprobs", "tail_logprob"):
+        rec = dict(example_index=11, tokens=np.arange(L), segment_ids=np.ones(L), positions=np.arange(L),
+                   topk_ids=np.tile(np.arange(k), (L, 1)), topk_logprobs=lp.copy(),
+                   tail_logprob=np.full(L, -3.0, np.float32), vocab_size=50)
+        if field == "topk_logprobs":
+            rec[field][4, 1] = bad
+        else:
+            rec[field][4] = bad
+        with pytest.raises(NonFiniteError, match=f"example 11: {field} is .* at position 4"):
+            codec.encode_record(codec_name, **rec)

@@ -12,6 +12,10 @@
              both Rice-coded with a per-record parameter, each code split into a unary
              quotient stream and a fixed-width remainder stream (vectorized decoding).
 
+Both codecs refuse NaN and +inf log-probs (``NonFiniteError``) instead of clamping them:
+a store never holds a NaN, and the default codec never turns one into a plausible value
+(-inf, an empty tail, is stored as the floor).
+
 Layout (all little-endian; docs/FORMAT.md is the normative description):
 
     header, 48 bytes:  magic b"LDR1" | codec u8 | flags u8 | id_bits u8 | aux u8
@@ -307,6 +311,26 @@ def encode_runs(segment_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- log-probs
 
 
+def first_not_storable(x: np.ndarray) -> int | None:
+    """Flat index of the first NaN or +inf in ``x`` (log-probs), or None when there is none."""
+    x = np.asarray(x)
+    bad = np.isnan(x) | (x == np.inf)
+    return int(np.argmax(bad.reshape(-1))) if bad.any() else None
+
+
+def _refuse_not_storable(example_index: int, **fields) -> None:
+    """NonFiniteError naming the example, field and position of the first NaN/+inf log-prob."""
+    for name, values in fields.items():
+        values = np.asarray(values)
+        bad = first_not_storable(values)
+        if bad is not None:
+            position = bad // max(1, values.shape[-1]) if values.ndim > 1 else bad
+            raise NonFiniteError(
+                f"example {int(example_index)}: {name} is {values.reshape(-1)[bad]} at position {position}; "
+                "a store holds finite log-probs only (is the teacher's checkpoint damaged?)"
+            )
+
+
 def quantize_logprobs(x: np.ndarray) -> np.ndarray:
     q = np.rint(-np.asarray(x, dtype=np.float32) * np.float32(LOGPROB_SCALE))
     q = np.nan_to_num(q, nan=65535.0, posinf=65535.0)
@@ -367,6 +391,8 @@ def encode_record(
     tempered = np.zeros((L, 0), np.float32) if tail_logprob_tempered is None else np.asarray(tail_logprob_tempered)
     if tempered.ndim != 2 or tempered.shape[0] != L or tempered.shape[1] > 255:
         raise ValueError(f"tail_logprob_tempered has shape {tempered.shape}, expected ({L}, m <= 255)")
+    _refuse_not_storable(example_index, topk_logprobs=topk_logprobs, tail_logprob=tail_logprob,
+                         tail_logprob_tempered=tempered)
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
     header = HEADER.pack(
@@ -414,6 +440,7 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
     if codec != "exact" and L and np.any(counts.sum(-1) != N):  # the unary layout needs it; exact keeps any
         j = int(np.argmax(counts.sum(-1) != N))
         raise ValueError(f"sampled record: the counts of position {j} sum to {int(counts[j].sum())}, not N = {N}")
+    _refuse_not_storable(example_index, sample_logprobs=np.where(used, logprobs, 0.0))
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
     flags = FLAG_SAMPLED if codec == "exact" else FLAG_SAMPLED | FLAG_SAMPLED_RICE

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import outputs, paths
 from . import store as store_mod
-from .errors import InputError, StoreError
+from .errors import InputError, NonFiniteError, StoreError
 from .signals import Interrupted, StopOnSignal
 from .store import manifest as manifest_mod
 from .store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S, Lease
@@ -350,7 +350,7 @@ class _Compute:
 
         from .models import decoder, shard_params
         from .models.attention import resolve_attention
-        from .topk import make_teacher_sampled, make_teacher_topk
+        from .topk import NONFINITE_KEY, make_teacher_sampled, make_teacher_topk, with_finite_check
 
         self.mesh = dump_mesh(config)
         _check_layout(config, self.mesh)
@@ -380,6 +380,9 @@ class _Compute:
         else:
             self.fn = make_teacher_topk(apply, config.top_k, mesh=mesh, tail_temperatures=config.tail_temperatures,
                                         device_batch=self.device_batch, **split)
+        # NaN/inf check of every log-prob, fused into the same jitted step (one reduction)
+        self.fn = with_finite_check(self.fn)
+        self.nonfinite_key = NONFINITE_KEY
         self.num_processes = jax.process_count()
 
     def dispatch(self, local_batch: dict, example_index: np.ndarray):
@@ -513,6 +516,7 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
             step, local, out = item
             if step in mine:
                 records = compute.fetch(out)
+                _refuse_nonfinite(step, records.pop(compute.nonfinite_key), step * B + process * b)
                 records.update(local)
                 records["example_index"] = np.arange(step * B + process * b, step * B + (process + 1) * b)
                 writer.submit(step, records)
@@ -616,6 +620,24 @@ def _result(uri: str, manifest: dict, present: int, chunks_written: int, steps_r
         time_to_first_step_s=None if first_step_at is None else first_step_at - t_start,
     )
     return result
+
+
+def _refuse_nonfinite(step: int, first_bad: np.ndarray, first_example: int) -> None:
+    """Raise NonFiniteError if any example of the step has a NaN/+inf log-prob or tail.
+
+    ``first_bad`` is the on-device check's ``[b]`` first bad position per example (-1: none).
+    Called before the step is handed to the writer: nothing of it is written, and the
+    chunk it belongs to is dropped (chunks committed before it are kept).
+    """
+    rows = np.flatnonzero(first_bad >= 0)
+    if rows.size:
+        i = int(rows[0])
+        raise NonFiniteError(
+            f"the teacher's log-probs are not finite (NaN or inf) at step {step}, example "
+            f"{first_example + i}, position {int(first_bad[i])} ({rows.size} of {first_bad.size} examples "
+            "of the step); nothing of this step was written; check the teacher's weights for NaN/inf "
+            "(or use --dtype float32 if bfloat16 overflows)"
+        )
 
 
 def _progress(config: DumpConfig, total: int, num_steps: int, process: int):

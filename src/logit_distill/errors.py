@@ -42,3 +42,9 @@ class NotAStoreError(StoreError):
     """The output location holds files but no store: the wrong output, not a damaged store."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class NonFiniteError(LogitDistillError):
+    """A NaN or infinite value where a finite one is needed (teacher output, loss, gradient, record)."""
+
+    exit_code = EXIT_NON_FINITE

@@ -356,3 +356,38 @@ def make_teacher_lse(apply: Callable) -> Callable:
         return jax.nn.logsumexp(apply(params, tokens, positions, segment_ids).astype(jnp.float32), axis=-1)
 
     return teacher_lse
+
+
+NONFINITE_KEY = "nonfinite_position"
+
+
+def _first_nonfinite(out: dict) -> jax.Array:
+    """``[B]`` int32: per example, the first position where any log-prob of the selection (top-k,
+    tail, tempered tails, sampled ids') is NaN or +inf, else -1."""
+    bad = None
+    for key, value in out.items():
+        if "logprob" not in key:
+            continue
+        b = jnp.isnan(value) | (value == jnp.inf)
+        b = b.reshape(b.shape[:2] + (-1,)).any(-1) if b.ndim > 2 else b
+        bad = b if bad is None else bad | b
+    first = jnp.argmax(bad, axis=-1).astype(jnp.int32)
+    return jnp.where(jnp.any(bad, axis=-1), first, jnp.int32(-1))
+
+
+def with_finite_check(fn: Callable) -> Callable:
+    """``fn`` (a teacher selection: arrays ``[B, L, ...]``) whose output also holds
+    ``nonfinite_position`` (see ``_first_nonfinite``).
+
+    One reduction over the selection's output, traced into the same jitted program (the
+    inner jit is inlined; on a mesh the batch axis stays sharded, so each device reduces
+    its own rows): only ``[B]`` int32 more leaves the device, and the dump refuses a step
+    before anything of it is written (a NaN weight in a teacher gives NaN logits).
+    """
+
+    @jax.jit
+    def checked(*args):
+        out = fn(*args)
+        return {**out, NONFINITE_KEY: _first_nonfinite(out)}
+
+    return checked
