@@ -688,3 +688,130 @@ def test_nan_teacher_writes_no_chunk(values_setup, tmp_path, capsys):
     assert "not finite" in line and "step 0, example 0, position" in line, line
     names = set(store_files(str(out))) if os.path.exists(out) else set()
     assert not any(n.startswith("chunk-") for n in names), names
+
+
+@pytest.fixture(scope="module")
+def train_setup(tmp_path_factory):
+    """A tiny student (the preset tokenizer, vocabulary 258) and a sound synthetic store."""
+    from test_train_helpers import make_model_dir
+
+    root = tmp_path_factory.mktemp("train-values")
+    student = make_model_dir(str(root / "student"), seed=2)
+    return {"root": root, "student": student, "store": _synthetic_store(str(root / "store"))}
+
+
+def _synthetic_store(uri, num_steps=2, codec="exact"):
+    from logit_distill import store as store_mod
+    from logit_distill.store.synthetic import synthetic_step
+
+    m = store_mod.build_manifest(seq_len=16, top_k=8, vocab_size=258, codec=codec, num_steps=num_steps,
+                                 examples_per_step=4, steps_per_file=1, content={"teacher": "synthetic"})
+    store_mod.init_store(uri, m)
+    store_mod.write_examples(uri, m, 0, {s: synthetic_step(m, s, 0) for s in range(num_steps)})
+    return uri
+
+
+def _rewrite_record(uri, record, edit):
+    """Replace one record of the last chunk with ``edit(bytes) -> bytes`` and rename the chunk to the
+    checksum of its new content: the damage passes every checksum."""
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    from logit_distill.store import chunks as chunks_mod
+
+    name = sorted(n for n in os.listdir(uri) if n.startswith("chunk-"))[-1]
+    info = chunks_mod.parse_chunk_name(name)
+    reader = ArrayRecordReader(os.path.join(uri, name))
+    records = reader.read_all()
+    reader.close()
+    records[record] = edit(bytes(records[record]))
+    tmp = os.path.join(uri, "rewritten.tmp")
+    writer = ArrayRecordWriter(tmp, "group_size:1,uncompressed")
+    for r in records:
+        writer.write(r)
+    writer.close()
+    digest, _ = paths.sha256_file(tmp)
+    os.remove(os.path.join(uri, name))
+    os.rename(tmp, os.path.join(uri, chunks_mod.chunk_name(info.tag, info.process, info.start, info.end, digest)))
+
+
+def _train_args(train_setup, out, *extra, store=None):
+    return ["train", "--store", store or train_setup["store"], "--student", train_setup["student"],
+            "--output", out, "--num-steps", "2", "--batch-size", "4", "--no-progress", *extra]
+
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("--temperature", "inf", "--temperature: must be a finite number"),
+    ("--temperature", "0", "--temperature: must be > 0"),
+    ("--max-grad-norm", "0", "--max-grad-norm: must be > 0"),
+    ("--max-grad-norm", "-1", "--max-grad-norm: must be > 0"),
+    ("--max-grad-norm", "nan", "--max-grad-norm: must be a finite number"),
+    ("--weight-decay", "-0.1", "--weight-decay: must be >= 0"),
+    ("--learning-rate", "nan", "--learning-rate: must be a finite number"),
+    ("--alpha", "-inf", "--alpha: must be a finite number"),
+])
+def test_train_refuses_bad_float_flags(train_setup, tmp_path, capsys, flag, value, match):
+    out = tmp_path / "out"
+    rc, err = run_cli(capsys, *_train_args(train_setup, out, f"{flag}={value}"))
+    assert rc == 2 and match in one_line_error(err, "train"), err
+    assert not out.exists()
+
+
+def test_train_library_refuses_bad_floats(train_setup, tmp_path):
+    from logit_distill.errors import InputError
+    from logit_distill.train import train_student
+
+    for kw in ({"temperature": float("inf")}, {"max_grad_norm": 0.0}, {"max_grad_norm": -1.0},
+               {"weight_decay": float("nan")}, {"alpha": float("nan")}):
+        with pytest.raises(InputError, match="must be finite and"):
+            train_student(store=train_setup["store"], student=train_setup["student"],
+                          output=str(tmp_path / "o"), num_steps=1, batch_size=4, progress=False, **kw)
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_stops_at_first_nonfinite_loss(train_setup, tmp_path, capsys):
+    """A learning rate of 1e30 without clipping: step 1 is finite, step 2 overflows. Exit 3 names the
+    step; the checkpoint of step 1 is the latest; no HF export."""
+    out = tmp_path / "out"
+    rc, err = run_cli(capsys, *_train_args(train_setup, out, "--learning-rate", "1e30", "--max-grad-norm", "none",
+                                           "--warmup-steps", "0", "--checkpoint-every", "1", "--num-steps", "3"))
+    line = one_line_error(err, "train")
+    assert rc == 3, err
+    assert "non-finite loss or gradient norm at step 2" in line and "step 1, is kept" in line, line
+    assert sorted(os.listdir(out / "checkpoints")) == ["1"]
+    assert not (out / "hf").exists()
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1]
+
+
+@pytest.mark.parametrize("damage", ["nan", "garbage"])
+def test_train_refuses_damaged_records_with_valid_checksums(tmp_path, train_setup, capsys, damage):
+    import shutil
+
+    from logit_distill import codec
+
+    uri = str(tmp_path / "store")
+    shutil.copytree(train_setup["store"], uri)
+
+    def edit(raw: bytes) -> bytes:
+        h = codec.decode_header(raw)
+        off = codec.HEADER.size + codec.RUN_DTYPE.itemsize * h["num_runs"] + 4 * h["seq_len"] \
+            + 4 * h["seq_len"] * h["top_k"]  # exact codec: the top-k log-probs start here
+        lp = np.frombuffer(raw, "<f4", h["seq_len"] * h["top_k"], off).copy()
+        if damage == "nan":
+            lp[5 * h["top_k"] + 2] = np.nan
+        else:
+            lp[:] = np.random.default_rng(0).uniform(-3, 0, lp.size)
+        return raw[:off] + lp.astype("<f4").tobytes() + raw[off + lp.nbytes:]
+
+    _rewrite_record(uri, 2, edit)
+    before = snapshot(uri)
+    out = tmp_path / "out"
+    rc, err = run_cli(capsys, *_train_args(train_setup, out, store=uri))
+    line = one_line_error(err, "train")
+    if damage == "nan":
+        assert rc == 3 and "holds a NaN or infinite log-prob at position 5" in line, err
+    else:
+        assert rc != 0 and "not sorted descending" in line, err
+    assert "example 6" in line, line  # record 2 of the chunk of step 1
+    assert snapshot(uri) == before
+    assert not (out / "hf").exists()

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from ..flags import finite_float, nonnegative_float, positive_float, positive_float_or_none
 DESCRIPTION = """\
 Train a student from a logit store (offline), or from a teacher run in the loop
 (online: --teacher, --data, --top-k, --seq-len). Re-running the same command with
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--top-k", type=int, help="online mode: teacher entries kept per position")
     src.add_argument("--samples", type=int,
                      help="online mode, --loss sampled_kl: draws per position from the teacher (as dump --samples)")
-    src.add_argument("--proposal-temperature", type=float, default=1.0,
+    src.add_argument("--proposal-temperature", type=positive_float, default=1.0,
                      help="online mode, --loss sampled_kl: draw from the teacher at this temperature (default 1)")
     src.add_argument("--seq-len", type=int, help="online mode: tokens per example")
     src.add_argument("--no-packing", dest="packing", action="store_false",
@@ -48,25 +49,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-steps per optimizer step (optax.MultiSteps); examples per step = "
                         "batch size x grad accum (default 1)")
-    p.add_argument("--learning-rate", type=float, default=3e-4, help="peak AdamW learning rate (default 3e-4)")
+    p.add_argument("--learning-rate", type=positive_float, default=3e-4, help="peak AdamW learning rate (default 3e-4)")
     p.add_argument("--warmup-steps", type=int,
                    help="linear warmup steps before the cosine decay (default min(100, num_steps // 10))")
-    p.add_argument("--end-lr-fraction", type=float, default=0.1,
+    p.add_argument("--end-lr-fraction", type=nonnegative_float, default=0.1,
                    help="final learning rate as a fraction of the peak (default 0.1)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay on matrices (default 0)")
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping by global norm (default 1)")
+    p.add_argument("--weight-decay", type=nonnegative_float, default=0.0,
+                   help="AdamW weight decay on matrices, >= 0 (default 0)")
+    p.add_argument("--max-grad-norm", type=positive_float_or_none, default=1.0,
+                   help="gradient clipping by global norm, > 0, or 'none' for no clipping (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the training shuffle (default 0)")
     p.add_argument("--loss", choices=("topk_tail_kl", "topk_kl", "sampled_kl"), default=None,
                    help="KD loss: KL over top-k + a tail bin, KL over the top-k ids only, or the importance-"
                         "weighted KL of sampled ids (default: topk_tail_kl for a top-k store, sampled_kl for a "
                         "sampled one; docs/LOSSES.md)")
-    p.add_argument("--alpha", type=float, default=1.0,
+    p.add_argument("--alpha", type=finite_float, default=1.0,
                    help="weight of the KD loss: loss = alpha * KD + (1 - alpha) * CE; 0 trains on CE only "
                         "(default 1); the start value of a schedule")
-    p.add_argument("--alpha-end", type=float, help="alpha at the last step (with --alpha-schedule linear|cosine)")
+    p.add_argument("--alpha-end", type=finite_float, help="alpha at the last step (with --alpha-schedule linear|cosine)")
     p.add_argument("--alpha-schedule", choices=("constant", "linear", "cosine"), default="constant",
                    help="how alpha goes from --alpha to --alpha-end over the steps (default constant)")
-    p.add_argument("--temperature", type=float, default=1.0, help="KD temperature T; the KD loss is scaled by T^2")
+    p.add_argument("--temperature", type=positive_float, default=1.0,
+                   help="KD temperature T, finite and > 0; the KD loss is scaled by T^2 (default 1)")
     p.add_argument("--checkpoint-every", type=int, default=500,
                    help="save an Orbax checkpoint every N optimizer steps (and at the end; default 500)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept (default 3)")

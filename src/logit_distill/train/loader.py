@@ -24,7 +24,7 @@ import grain
 import numpy as np
 
 from .. import codec as codec_mod
-from ..errors import InputError
+from ..errors import InputError, NonFiniteError, StoreError
 
 # Fields a training batch carries (the store also has example_index, store_tag, token_hash).
 MODEL_FIELDS = ("tokens", "segment_ids", "positions")
@@ -82,17 +82,97 @@ def _training_fields(record: dict, sample_width: int | None = None, tempered_ind
     return out
 
 
+class RecordCheck:
+    """Checks the values of each store record as the loader reads it (checksums only prove
+    the bytes are the ones written, not that what was written makes sense).
+
+    A top-k record passes when its ids lie in ``[0, vocab)``, its log-probs are finite
+    (the tails may be -inf), sorted descending, at most 0, and the top-k mass plus the tail
+    mass is 1 within the codec's bound (a tail at -inf or the codec floor is "not recorded":
+    then the top-k mass must only not exceed 1). A sampled record passes when its used
+    slots hold ids in range, finite log-probs at most 0, and counts summing to the store's
+    N. Vectorized numpy, a few passes over ``[L, k]``. NaN/inf raise ``NonFiniteError``,
+    anything else ``StoreError``.
+    """
+
+    def __init__(self, manifest: dict, uri: str):
+        from ..verify.records import NORM_ATOL, POSITIVE_ATOL
+
+        self.uri = uri
+        self.vocab = int(manifest["shapes"]["vocab_size"])
+        self.num_samples = int(manifest["shapes"].get("num_samples") or 0)
+        self.sampled_atol = POSITIVE_ATOL + codec_mod.SAMPLED_LOGPROB_MAX_ERROR
+        default = manifest["codec"]["name"] == "default"
+        self.atol = NORM_ATOL + (codec_mod.LOGPROB_MAX_ERROR if default else 0.0)
+        self.positive_atol = POSITIVE_ATOL + (codec_mod.LOGPROB_MAX_ERROR if default else 0.0)
+        self.floor = codec_mod.LOGPROB_FLOOR
+
+    def problem(self, rec: dict) -> tuple[type, str, int] | None:
+        """(error class, what, first bad position) of the record, or None when it is sound."""
+        if "sample_ids" in rec:
+            return self._sampled_problem(rec)
+        lp, tail, ids = rec["topk_logprobs"], rec["tail_logprob"], rec["topk_ids"]
+        bad = ~np.isfinite(lp).all(-1) | np.isnan(tail) | (tail == np.inf)
+        if "tail_logprob_tempered" in rec:
+            tempered = rec["tail_logprob_tempered"]
+            bad |= (np.isnan(tempered) | (tempered == np.inf)).any(-1)
+        if bad.any():
+            return NonFiniteError, "a NaN or infinite log-prob", int(np.argmax(bad))
+        checks = (
+            ((ids < 0) | (ids >= self.vocab)).any(-1), f"a top-k id outside [0, {self.vocab})",
+            (lp[..., 1:] > lp[..., :-1]).any(-1), "top-k log-probs not sorted descending",
+            (lp[..., 0] > self.positive_atol) | (tail > self.positive_atol), "a log-prob > 0",
+        )
+        for i in range(0, len(checks), 2):
+            if checks[i].any():
+                return StoreError, checks[i + 1], int(np.argmax(checks[i]))
+        with np.errstate(divide="ignore"):
+            top = np.log(np.exp(lp.astype(np.float64)).sum(-1))
+            total = np.logaddexp(top, tail.astype(np.float64))
+        recorded = tail > self.floor
+        bad = (top > self.atol) | (recorded & (np.abs(total) > self.atol))
+        if bad.any():
+            return StoreError, f"top-k and tail mass that do not sum to 1 (beyond {self.atol:.1e})", int(np.argmax(bad))
+        return None
+
+    def _sampled_problem(self, rec: dict) -> tuple[type, str, int] | None:
+        ids, counts, lp = rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"]
+        used = counts > 0
+        bad = (used & ~np.isfinite(lp)).any(-1)
+        if bad.any():
+            return NonFiniteError, "a NaN or infinite log-prob", int(np.argmax(bad))
+        checks = (
+            (used & ((ids < 0) | (ids >= self.vocab))).any(-1), f"a sampled id outside [0, {self.vocab})",
+            (counts < 0).any(-1) | (counts.sum(-1) != self.num_samples), f"counts that do not sum to {self.num_samples}",
+            (used & (lp > self.sampled_atol)).any(-1), "a log-prob > 0",
+        )
+        for i in range(0, len(checks), 2):
+            if checks[i].any():
+                return StoreError, checks[i + 1], int(np.argmax(checks[i]))
+        return None
+
+    def __call__(self, rec: dict) -> dict:
+        found = self.problem(rec)
+        if found is not None:
+            cls, what, position = found
+            raise cls(f"store {self.uri}: example {int(rec['example_index'])} holds {what} at position "
+                      f"{position} (its chunk's checksum is intact: the values were written so); "
+                      "nothing was trained on it; run `logit-distill verify` on the store and dump it again")
+        return rec
+
+
 def epochs_needed(num_examples: int, examples_consumed: int) -> int:
     return max(1, math.ceil(examples_consumed / num_examples))
 
 
 def build_dataset(source, *, seed: int, batch_size: int, num_batches: int,
                   process_index: int = 0, process_count: int = 1, sample_width: int | None = None,
-                  tempered_index: int | None = None) -> grain.MapDataset:
+                  tempered_index: int | None = None, check=None) -> grain.MapDataset:
     """Batches of this process: a ``MapDataset`` of ``num_batches`` dicts of ``[b, ...]`` arrays.
 
     ``batch_size`` is the global batch (all processes); each process gets
-    ``batch_size // process_count`` examples per batch.
+    ``batch_size // process_count`` examples per batch. ``check`` (e.g. ``RecordCheck``)
+    sees each record before it is batched.
     """
     n = len(source)
     if n < 1:
@@ -104,6 +184,8 @@ def build_dataset(source, *, seed: int, batch_size: int, num_batches: int,
     ds = grain.MapDataset.source(source).shuffle(seed=int(seed)).repeat(epochs)
     ds = ds[process_index::process_count]
     fields = functools.partial(_training_fields, sample_width=sample_width, tempered_index=tempered_index)
+    if check is not None:
+        ds = ds.map(check)
     ds = ds.map(fields).batch(per_process, drop_remainder=True)
     if len(ds) < num_batches:  # cannot happen with the epoch count above; a guard against misuse
         raise InputError(f"the pipeline yields {len(ds)} batches, {num_batches} are needed")

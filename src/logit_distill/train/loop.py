@@ -25,7 +25,7 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import paths
-from ..errors import InputError
+from ..errors import InputError, NonFiniteError
 from ..outputs import check_output
 from ..signals import Interrupted, StopOnSignal
 from . import checkpointing, loader
@@ -59,14 +59,13 @@ class TrainResult:
 # ----------------------------------------------------------------------------- train step
 
 
-def make_optimizer(lr_schedule, *, weight_decay: float, max_grad_norm: float, grad_accum: int,
+def make_optimizer(lr_schedule, *, weight_decay: float, max_grad_norm: float | None, grad_accum: int,
                    b1: float = 0.9, b2: float = 0.95):
-    """Clip by global norm, then AdamW (decay on matrices only); ``optax.MultiSteps`` for accumulation."""
+    """Clip by global norm (unless ``max_grad_norm`` is None), then AdamW (decay on matrices only);
+    ``optax.MultiSteps`` for accumulation."""
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)  # noqa: E731
-    tx = optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adamw(lr_schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask),
-    )
+    adamw = optax.adamw(lr_schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask)
+    tx = adamw if max_grad_norm is None else optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
     if grad_accum > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=grad_accum)
     return tx
@@ -92,12 +91,15 @@ def make_train_step(apply, tx, *, loss: str, temperature: float, proposal_temper
         (_, (value, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, alpha, scale)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
+        grad_norm = optax.tree.norm(grads)
         metrics = {
             "loss": value,
             "kd_loss": aux["kd_loss"],
             "ce_loss": aux["ce_loss"],
             "num_tokens": aux["num_tokens"],
-            "grad_norm": optax.tree.norm(grads),
+            "grad_norm": grad_norm,
+            # The host stops the run at the first step where this is false (see FiniteGuard).
+            "finite": jnp.isfinite(value) & jnp.isfinite(grad_norm),
         }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
@@ -105,6 +107,65 @@ def make_train_step(apply, tx, *, loss: str, temperature: float, proposal_temper
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _check_floats(**values) -> None:
+    """The float settings: finite, and each in its range (None where it means 'off')."""
+    rules = {
+        "learning_rate": (lambda v: v > 0, "> 0"),
+        "temperature": (lambda v: v > 0, "> 0"),
+        "weight_decay": (lambda v: v >= 0, ">= 0"),
+        "max_grad_norm": (lambda v: v > 0, "> 0 (or None for no clipping)"),
+        "end_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+        "alpha": (lambda v: True, "finite"),
+        "alpha_end": (lambda v: True, "finite"),
+    }
+    optional = ("max_grad_norm", "alpha_end")
+    for name, value in values.items():
+        if value is None and name in optional:
+            continue
+        ok, rule = rules[name]
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{name} must be a number {rule}, got {value!r}") from None
+        if not math.isfinite(v) or not ok(v):
+            raise InputError(f"{name} must be finite and {rule}, got {value!r}")
+
+
+class FiniteGuard:
+    """Stops training at the first optimizer step whose loss or gradient norm is not finite.
+
+    The train step returns a device bool ``finite`` per micro-step; ``add`` keeps them and
+    ``check`` fetches them: every step for all but the newest (one step behind the device,
+    so the check never stalls it) and everything before a checkpoint or the export, so a
+    checkpoint never holds a state past a NaN. The last good checkpoint stays the latest.
+    """
+
+    def __init__(self, output: str):
+        self.output = output
+        self.pending: list[tuple[int, list]] = []  # (step, [finite, loss, grad_norm] per micro-step)
+        self.last_saved: int | None = None
+
+    def add(self, step: int, micro_metrics: list) -> None:
+        self.pending.append((step, [(m["finite"], m["loss"], m["grad_norm"]) for m in micro_metrics]))
+
+    def check(self, keep_newest: bool = False) -> None:
+        n = len(self.pending) - 1 if keep_newest else len(self.pending)
+        if n <= 0:
+            return
+        todo, self.pending = self.pending[:n], self.pending[n:]
+        for step, micro in jax.device_get(todo):
+            for finite, loss, grad_norm in micro:
+                if not bool(finite):
+                    kept = (f"the last good checkpoint, step {self.last_saved}, is kept in "
+                            f"{checkpointing.checkpoint_dir(self.output)}" if self.last_saved is not None
+                            else "no checkpoint was saved")
+                    raise NonFiniteError(
+                        f"non-finite loss or gradient norm at step {step} (loss {float(loss)}, grad norm "
+                        f"{float(grad_norm)}); training stopped, {kept}; lower --learning-rate, set "
+                        "--max-grad-norm, or check the store (logit-distill verify)"
+                    )
 
 
 def make_mesh() -> Mesh:
@@ -294,8 +355,8 @@ def train_student(
         raise InputError(f"unknown loss {loss!r}; choose one of {', '.join(KINDS)}")
     if alpha_schedule not in ALPHA_KINDS:
         raise InputError(f"unknown alpha schedule {alpha_schedule!r}; choose one of {', '.join(ALPHA_KINDS)}")
-    if not temperature > 0:
-        raise InputError(f"temperature must be > 0, got {temperature}")
+    _check_floats(learning_rate=learning_rate, temperature=temperature, weight_decay=weight_decay,
+                  max_grad_norm=max_grad_norm, alpha=alpha, alpha_end=alpha_end, end_lr_fraction=end_lr_fraction)
     if param_sharding not in SHARDING_MODES:
         raise InputError(f"unknown param sharding {param_sharding!r}; choose one of {', '.join(SHARDING_MODES)}")
     if warmup_steps is None:
@@ -369,7 +430,7 @@ def train_student(
         "num_steps": int(num_steps), "batch_size": int(batch_size), "grad_accum": int(grad_accum),
         "learning_rate": float(learning_rate), "warmup_steps": int(warmup_steps),
         "end_lr_fraction": float(end_lr_fraction), "weight_decay": float(weight_decay),
-        "max_grad_norm": float(max_grad_norm), "seed": int(seed), "loss": loss, "alpha": float(alpha),
+        "max_grad_norm": None if max_grad_norm is None else float(max_grad_norm), "seed": int(seed), "loss": loss, "alpha": float(alpha),
         "alpha_end": None if alpha_end is None else float(alpha_end), "alpha_schedule": alpha_schedule,
         "temperature": float(temperature), "process_count": process_count, "param_sharding": param_sharding,
     }
@@ -436,7 +497,8 @@ def train_student(
     num_micro = num_steps * grad_accum
     dataset = loader.build_dataset(source, seed=seed, batch_size=batch_size, num_batches=num_micro,
                                    process_index=process_index, process_count=process_count,
-                                   sample_width=sample_width, tempered_index=tempered_index)
+                                   sample_width=sample_width, tempered_index=tempered_index,
+                                   check=None if online else loader.RecordCheck(source.manifest, store))
     data_iter = loader.make_iterator(dataset)
 
     ckpt = checkpointing.TrainCheckpointer(output, max_to_keep=keep_checkpoints)
@@ -463,6 +525,8 @@ def train_student(
     pending = None  # (step, device metrics, alpha, lr, tokens): fetched after the next step is dispatched
     tokens_acc, t_last = 0, time.perf_counter()
     last_metrics = metrics_log.last if metrics_log else None
+    guard = FiniteGuard(output)
+    guard.last_saved = resumed_from
     stop = StopOnSignal().__enter__()  # SIGTERM/SIGINT: checkpoint at the next step boundary
     try:
         for step in range(start, num_steps):
@@ -486,6 +550,8 @@ def train_student(
                 state, m = train_step(state, batch, alpha_arr, scale)
                 micro_metrics.append(m)
             done = step + 1
+            guard.add(done, micro_metrics)
+            guard.check(keep_newest=True)  # the steps before this one: the device is busy with it
             if pending is not None:
                 last_metrics, t_last = _emit(pending, t_last, metrics_log, log_line,
                                                            num_steps)
@@ -494,11 +560,13 @@ def train_student(
                 pending = (done, micro_metrics, alpha_value, float(lr_fn(step)), tokens_acc)
                 tokens_acc = 0
             if done % checkpoint_every == 0 or done == num_steps:
+                guard.check()  # never checkpoint a state past a NaN
                 if pending is not None:  # the checkpoint's metrics are on disk with it
                     last_metrics, t_last = _emit(pending, t_last, metrics_log,
                                                                log_line, num_steps)
                     pending = None
                 ckpt.save(done, state, data_iter)
+                guard.last_saved = done
                 if metrics_log is not None and not metrics_log.local:
                     metrics_log.flush()
             if bar is not None:
@@ -507,6 +575,7 @@ def train_student(
                                         refresh=False)
                 bar.update(1)
             if stop.event.is_set() and done < num_steps:  # preempted: save here, a re-run resumes exactly
+                guard.check()
                 if pending is not None:
                     last_metrics, t_last = _emit(pending, t_last, metrics_log, log_line, num_steps)
                     pending = None
@@ -514,6 +583,7 @@ def train_student(
                     ckpt.save(done, state, data_iter)
                 raise TrainingInterrupted(f"stopped by signal {stop.signum} at step {done}; checkpoint saved; "
                                           "re-run the same command to resume")
+        guard.check()
         if pending is not None:
             last_metrics, t_last = _emit(pending, t_last, metrics_log, log_line,
                                                        num_steps)

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from ..flags import nonnegative_float
 from .run import DEFAULT_SAMPLE, verify_store
 
 
@@ -35,7 +36,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--spot-check", type=int, default=0,
                    help="recompute the teacher on this many sampled examples and compare top-k within the codec's "
                         "bound (needs --teacher; default 0: no spot check)")
-    p.add_argument("--spot-check-atol", type=float, default=None,
+    p.add_argument("--spot-check-atol", type=nonnegative_float, default=None,
                    help="override the spot check's log-prob tolerance (default: 2**-11 + 1e-4 for the default "
                         "codec, 1e-4 for exact)")
     p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE,

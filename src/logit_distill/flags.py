@@ -1,0 +1,48 @@
+"""Argument types of the command line: numbers are checked where they are parsed.
+
+Every float flag of every command goes through one of these, so a NaN or an
+infinity (``float("nan")`` parses) is refused before anything runs, with
+argparse's one-line usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def finite_float(text: str) -> float:
+    """A finite float (no nan, inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite float > 0."""
+    value = finite_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite float >= 0."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def positive_float_or_none(text: str) -> float | None:
+    """A finite float > 0, or the word ``none`` (the feature off)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or 'none' to turn it off)") from None
