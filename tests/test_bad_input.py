@@ -815,3 +815,57 @@ def test_train_refuses_damaged_records_with_valid_checksums(tmp_path, train_setu
     assert "example 6" in line, line  # record 2 of the chunk of step 1
     assert snapshot(uri) == before
     assert not (out / "hf").exists()
+
+
+def test_data_edited_in_place_with_size_and_mtime_kept_is_seen(values_setup, tmp_path, capsys):
+    """`touch -r` puts the old mtime back after an in-place edit of the same size: the hash and token
+    caches must not serve the old text, and `verify --data` re-derives everything."""
+    import shutil
+    import subprocess
+
+    from logit_distill.data import ExampleSource
+
+    data = str(tmp_path / "corpus.jsonl")
+    shutil.copy(values_setup["data"], data)
+    out = str(tmp_path / "store")
+    rc, err = run_cli(capsys, *dump_args(values_setup["teacher"], data, out, num_steps=2))
+    assert rc == 0, err
+    tok = os.path.join(values_setup["teacher"], "tokenizer.json")
+    rc, err = run_cli(capsys, "verify", "--store", out, "--data", data, "--tokenizer", tok)
+    assert rc == 0, err
+    old = np.array(ExampleSource.open(data, tok, seq_len=32)._cache.tokens)
+
+    text = open(data).read()
+    word = next(w for w in ("alpha", "gamma", "delta") if w in text.split("\n", 1)[0])
+    new_word = {"alpha": "omega", "gamma": "kappa", "delta": "theta"}[word]
+    subprocess.run(["cp", "-p", data, str(tmp_path / "ref")], check=True)  # keeps the old mtime
+    with open(data, "r+") as f:  # same size, edited in place (same inode)
+        f.write(text.replace(word, new_word, 1))
+    subprocess.run(["touch", "-r", str(tmp_path / "ref"), data], check=True)
+    assert os.path.getsize(data) == len(text.encode())
+
+    new = np.array(ExampleSource.open(data, tok, seq_len=32)._cache.tokens)
+    assert not np.array_equal(old, new), "the stale token cache was used"
+    before = snapshot(out)
+    rc, err = run_cli(capsys, "verify", "--store", out, "--data", data, "--tokenizer", tok)
+    assert rc != 0 and "data_sha256" in err, err
+    rc, err = run_cli(capsys, *dump_args(values_setup["teacher"], data, out, num_steps=2))
+    assert rc != 0 and "content.data.data_sha256" in err, err  # the store is of the old text
+    assert snapshot(out) == before
+
+
+def test_verify_data_trusts_no_cache(values_setup):
+    """A token cache damaged behind the tool's back (same key) does not fool a fresh source, the one
+    `verify --data` uses."""
+    from logit_distill.data import ExampleSource
+
+    tok = os.path.join(values_setup["teacher"], "tokenizer.json")
+    truth = ExampleSource.open(values_setup["data"], tok, seq_len=32)[0]["tokens"].copy()
+    cached = np.memmap(os.path.join(ExampleSource.open(values_setup["data"], tok, seq_len=32)._cache.dir,
+                                    "tokens.i32"), dtype="<i4", mode="r+")
+    cached[:] = (cached + 1) % 256  # damage the cache in place
+    cached.flush()
+    assert not np.array_equal(ExampleSource.open(values_setup["data"], tok, seq_len=32)[0]["tokens"], truth)
+    fresh = ExampleSource.open(values_setup["data"], tok, seq_len=32, fresh=True)
+    assert not fresh._cache.dir.startswith(os.environ["LOGIT_DISTILL_CACHE"])
+    np.testing.assert_array_equal(fresh[0]["tokens"], truth)

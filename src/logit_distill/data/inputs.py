@@ -158,16 +158,21 @@ def _atomic_write_text(path: str, text: str) -> None:
         raise
 
 
-def file_digest(inputs: DataInputs, f: InputFile, hash_cache_dir: str) -> str:
+def file_digest(inputs: DataInputs, f: InputFile, hash_cache_dir: str | None) -> str:
     """A digest of one file's content.
 
-    Local files: sha256 of the bytes, cached under `hash_cache_dir` by (absolute path, size, mtime_ns)
-    so that a resume does not re-read many GB. Object stores that report a content hash (GCS:
+    Local files: sha256 of the bytes, cached under `hash_cache_dir` (None: no cache, always read)
+    by (absolute path, device, inode, size, mtime_ns, ctime_ns) so that a resume does not re-read
+    many GB. Any edit changes ctime_ns, which `touch -r` and `os.utime` cannot set back, so an
+    edit that keeps size and mtime is still seen. Object stores that report a content hash (GCS:
     md5Hash and/or crc32c) use it without reading the object. Anything else is read and hashed.
     """
     if inputs.is_local:
         st = os.stat(f.path)
-        key = json.dumps([os.path.abspath(f.path), st.st_size, st.st_mtime_ns])
+        key = json.dumps([os.path.abspath(f.path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                          st.st_ctime_ns])
+        if hash_cache_dir is None:
+            return "sha256:" + _sha256_stream(inputs.fs, f)
         cache_file = os.path.join(hash_cache_dir, hashlib.sha256(key.encode()).hexdigest() + ".json")
         try:
             with open(cache_file) as fh:
@@ -185,7 +190,16 @@ def file_digest(inputs: DataInputs, f: InputFile, hash_cache_dir: str) -> str:
     return "sha256:" + _sha256_stream(inputs.fs, f)
 
 
-def data_identity(inputs: DataInputs, hash_cache_dir: str) -> str:
+def object_versions(inputs: DataInputs) -> list | None:
+    """What names the exact version of each remote object (GCS: its generation), or None
+    locally. Keys the token cache next to the content digest: an object rewritten in place
+    is tokenized again even if its reported checksums were to collide."""
+    if inputs.is_local:
+        return None
+    return [[f.name, f.info.get("generation"), f.info.get("metageneration")] for f in inputs.files]
+
+
+def data_identity(inputs: DataInputs, hash_cache_dir: str | None) -> str:
     """sha256 over (name relative to the data root, size, content digest) of every input file, in order."""
     entries = [{"name": f.name, "size": f.size, "digest": file_digest(inputs, f, hash_cache_dir)} for f in inputs.files]
     return hashlib.sha256(json.dumps({"kind": inputs.kind, "files": entries}, sort_keys=True).encode()).hexdigest()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
+import tempfile
 from typing import Iterable
 
 import numpy as np
@@ -143,6 +144,7 @@ class ExampleSource:
         seed: int = 0,
         text_field: str = "text",
         cache_dir: str | None = None,
+        fresh: bool = False,
     ) -> "ExampleSource":
         """Open `data` (a .jsonl / .array_record file, a glob, or a directory of them; local, file://, gs://).
 
@@ -150,6 +152,8 @@ class ExampleSource:
         is optional: it gives `vocab_size`, `eos_id` (the pad token) and a check of the ids.
         The first open tokenizes everything into `cache_dir` (default `$LOGIT_DISTILL_CACHE/data`, else
         `~/.cache/logit-distill/data`; a local directory); later opens reuse it.
+        `fresh=True` trusts no cache: the files are hashed again and tokenized into a temporary
+        directory that lives as long as the source (what `verify --data` uses).
         """
         if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 2:
             raise InputError(f"seq_len must be an integer >= 2, got {seq_len!r}")
@@ -165,12 +169,18 @@ class ExampleSource:
         tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
         if inputs.kind == JSONL and tokenizer is None:
             raise InputError(f"data {data} is JSONL text: a tokenizer (tokenizer.json) is needed to tokenize it")
-        data_id = data_identity(inputs, os.path.join(cache_dir, "hashes"))
+        scratch = None
+        if fresh:
+            scratch = tempfile.TemporaryDirectory(prefix="logit-distill-fresh-")
+            cache_dir = scratch.name
+        data_id = data_identity(inputs, None if fresh else os.path.join(cache_dir, "hashes"))
         cache = build_or_load(inputs, data_id, tokenizer, text_field, cache_dir)
-        return cls(
+        source = cls(
             cache, seq_len=int(seq_len), packing=bool(packing), seed=int(seed), text_field=text_field, tokenizer=tokenizer,
             data=data,
         )
+        source._scratch = scratch  # removed with the source
+        return source
 
     # ------------------------------------------------------------------ access
 
@@ -235,6 +245,7 @@ class ExampleSource:
         state = self.__dict__.copy()
         state["_cache"] = self._cache.dir  # re-open the memory map instead of copying the tokens
         state.pop("_layout")
+        state.pop("_scratch", None)  # the original owns a fresh source's temporary cache
         return state
 
     def __setstate__(self, state):

@@ -1,7 +1,10 @@
 """The one-time index: every document tokenized once into a local, content-addressed token cache.
 
 Layout of `<cache_dir>/tokens/<key>/` (key = sha256 of data identity, tokenizer identity and EOS,
-text field, cache format version):
+text field, cache format version, and for remote objects their GCS generations). The data identity
+is a content digest (inputs.file_digest): locally a sha256 whose own cache is keyed by inode, size,
+mtime_ns and ctime_ns, on GCS the objects' md5/crc32c, so an edit in place is never served stale.
+Files:
 
 * `tokens.i32`   all documents' tokens back to back, raw little-endian int32 (memory-mapped);
 * `offsets.npy`  int64 `[num_documents + 1]`, document d is `tokens[offsets[d]:offsets[d+1]]`
@@ -37,6 +40,7 @@ from .inputs import (
     _progress,
     iter_array_record_docs,
     iter_jsonl_texts,
+    object_versions,
 )
 from .tokenizer import Tokenizer
 
@@ -72,8 +76,11 @@ class TokenCache:
         return np.diff(self.offsets)
 
 
-def cache_key(data_id: str, kind: str, tokenizer: Tokenizer | None, text_field: str) -> str:
+def cache_key(data_id: str, kind: str, tokenizer: Tokenizer | None, text_field: str,
+              versions: list | None = None) -> str:
     parts = {"version": CACHE_VERSION, "data": data_id, "kind": kind}
+    if versions is not None:  # remote objects: their generations (see inputs.object_versions)
+        parts["versions"] = versions
     if kind == JSONL:  # pre-tokenized records are used verbatim: the tokenizer does not enter the cache
         parts.update(tokenizer=tokenizer.identity, eos_id=tokenizer.eos_id, text_field=text_field)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -218,7 +225,7 @@ def _remove_stale_temporaries(root: str, max_age_s: float = 2 * 86400) -> None:
 def build_or_load(
     inputs: DataInputs, data_id: str, tokenizer: Tokenizer | None, text_field: str, cache_dir: str
 ) -> TokenCache:
-    key = cache_key(data_id, inputs.kind, tokenizer, text_field)
+    key = cache_key(data_id, inputs.kind, tokenizer, text_field, object_versions(inputs))
     root = os.path.join(cache_dir, "tokens")
     final = os.path.join(root, key)
     cache = load_cache(final)

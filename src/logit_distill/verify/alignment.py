@@ -46,6 +46,7 @@ def _prepare_source(manifest: dict, data: str, tokenizer: str | None):
     source = ExampleSource.open(
         data, tokenizer, seq_len=manifest["shapes"]["seq_len"], packing=bool(want.get("packing", True)),
         seed=int(want.get("seed", 0)), text_field=want.get("text_field") or "text",
+        fresh=True,  # re-derive what is checked: no hash or token cache is trusted
     )
     return source, want
 
