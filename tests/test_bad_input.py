@@ -869,3 +869,49 @@ def test_verify_data_trusts_no_cache(values_setup):
     fresh = ExampleSource.open(values_setup["data"], tok, seq_len=32, fresh=True)
     assert not fresh._cache.dir.startswith(os.environ["LOGIT_DISTILL_CACHE"])
     np.testing.assert_array_equal(fresh[0]["tokens"], truth)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_setup(tmp_path_factory):
+    """A teacher and its dumped store; a student whose tokenizer.json has the same size but two ids
+    swapped (a different tokenizer of the same vocabulary size)."""
+    from test_train_helpers import make_model_dir, write_teacher_store
+
+    root = tmp_path_factory.mktemp("tokenizer")
+    teacher = make_model_dir(str(root / "teacher"), seed=1)
+    student = make_model_dir(str(root / "student"), seed=2)
+    with open(os.path.join(student, "tokenizer.json")) as f:
+        tok = json.load(f)
+    vocab = tok["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    with open(os.path.join(student, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    data = write_corpus(root / "corpus.jsonl", num_docs=40)
+    store = str(root / "store")
+    write_teacher_store(store, teacher, data, seq_len=16, top_k=8, examples_per_step=4)
+    return {"teacher": teacher, "student": student, "store": store, "data": data}
+
+
+def test_student_with_another_tokenizer_of_the_same_size_is_refused(tokenizer_setup, tmp_path, capsys):
+    s = tokenizer_setup
+    assert os.path.exists(os.path.join(s["store"], "tokenizer.json"))  # the store keeps its tokenizer
+    before = snapshot(s["store"])
+    out = tmp_path / "out"
+    args = ["--student", s["student"], "--output", out, "--num-steps", "1", "--batch-size", "4", "--no-progress"]
+    rc, err = run_cli(capsys, "train", "--store", s["store"], *args)
+    line = one_line_error(err, "train")
+    assert rc == 2 and "another tokenizer" in line, err
+    assert "2 ids differ, the first: 97 ('a' vs 'b'), 98 ('b' vs 'a')" in line, line
+    assert "--allow-tokenizer-mismatch" in line
+    assert not out.exists() and snapshot(s["store"]) == before
+    # online: the same check against the teacher's tokenizer
+    rc, err = run_cli(capsys, "train", "--teacher", s["teacher"], "--data", s["data"], "--top-k", "8",
+                      "--seq-len", "16", *args)
+    assert rc == 2 and "another tokenizer than the teacher" in one_line_error(err, "train"), err
+    # allowed: trains, warns, and the export ships the student's tokenizer
+    rc, err = run_cli(capsys, "train", "--store", s["store"], *args, "--allow-tokenizer-mismatch")
+    assert rc == 0, err
+    assert "warning:" in err and "ships the student's tokenizer" in err
+    with open(out / "hf" / "tokenizer.json", "rb") as a, open(os.path.join(s["student"], "tokenizer.json"), "rb") as b:
+        assert a.read() == b.read()
+

@@ -459,11 +459,14 @@ def run_dump(config: DumpConfig) -> DumpResult:
 
 
 def _forget_unused_manifest(uri: str) -> None:
-    """A run that created the manifest and failed before its first chunk removes the manifest again,
+    """A run that created the manifest and failed before its first chunk removes the manifest (and the
+    tokenizer copy) again,
     so that a corrected command is not refused as "another configuration". (It holds the lease.)"""
     try:
         names = [f["name"] for f in paths.list_files(uri, with_sizes=False)]
         if manifest_mod.MANIFEST_NAME in names and not any(n.startswith("chunk-") for n in names):
+            if manifest_mod.TOKENIZER_NAME in names:  # first: a manifest alone is still a store
+                paths.remove(paths.join(uri, manifest_mod.TOKENIZER_NAME))
             paths.remove(paths.join(uri, manifest_mod.MANIFEST_NAME))
     except Exception as e:  # noqa: BLE001 - the original failure is the one to report
         log.warning("%s: could not remove the unused manifest: %s", uri, e)
@@ -480,6 +483,8 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
     scan = store_mod.scan(uri, manifest)
     if process == 0:
         _remove_leftovers(uri, scan)
+        if source.tokenizer is not None:  # the store keeps its tokenizer: students are checked against it
+            store_mod.put_tokenizer(uri, manifest, source.tokenizer.path)
     _barrier("logit-distill-dump-scan")
 
     layout = manifest["layout"]

@@ -119,3 +119,33 @@ def load_tokenizer(tokenizer_path: str) -> Tokenizer:
         vocab_size=vocab_size,
         identity=hashlib.sha256(raw).hexdigest(),
     )
+
+
+def tokenizer_file(tokenizer_path: str) -> str:
+    """The tokenizer.json of ``tokenizer_path`` (the file, or its directory), as a URL or path."""
+    fs, path = fsspec.core.url_to_fs(tokenizer_path)
+    if fs.isdir(path):
+        path = posixpath.join(path, TOKENIZER_FILE)
+    return fs.unstrip_protocol(path)
+
+
+def file_sha256(tokenizer_path: str) -> str:
+    """SHA-256 of the tokenizer.json bytes: the identity recorded in a store's manifest."""
+    fs, path = fsspec.core.url_to_fs(tokenizer_file(tokenizer_path))
+    return hashlib.sha256(_read_bytes(fs, path)).hexdigest()
+
+
+def differing_ids(a_path: str, b_path: str, limit: int = 5) -> tuple[list[tuple[int, str | None, str | None]], int]:
+    """Ids whose token differs between two tokenizer.json files (added tokens included):
+    ``(first `limit` as (id, token in a, token in b), how many differ)``. Empty when the
+    vocabularies are equal (the files may still differ in merges, normalizer or pre-tokenizer)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    def id_to_token(path: str) -> dict[int, str]:
+        fs, p = fsspec.core.url_to_fs(tokenizer_file(path))
+        vocab = HFTokenizer.from_str(_read_bytes(fs, p).decode("utf-8")).get_vocab(with_added_tokens=True)
+        return {i: t for t, i in vocab.items()}
+
+    a, b = id_to_token(a_path), id_to_token(b_path)
+    ids = sorted(i for i in set(a) | set(b) if a.get(i) != b.get(i))
+    return [(i, a.get(i), b.get(i)) for i in ids[:limit]], len(ids)

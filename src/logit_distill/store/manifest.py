@@ -19,6 +19,8 @@ from ..errors import ConfigMismatchError, StoreError
 FORMAT = "logit-distill-store"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# A copy of the tokenizer.json the data was tokenized with; its SHA-256 is content.data.tokenizer_sha256.
+TOKENIZER_NAME = "tokenizer.json"
 FINGERPRINTED = ("shapes", "codec", "layout", "content")
 DEFAULT_ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"
 
@@ -200,6 +202,14 @@ def selection_of(manifest: dict) -> str:
 def tail_temperatures_of(manifest: dict) -> list[float]:
     """The temperatures whose tempered tail mass a top-k store holds (``[]`` if none)."""
     return [float(T) for T in manifest["shapes"].get("tail_temperatures", [])]
+
+
+def tokenizer_sha256(manifest: dict) -> str | None:
+    """The SHA-256 of the tokenizer.json the store's data was tokenized with (None: not recorded)."""
+    content = manifest.get("content")
+    data = content.get("data") if isinstance(content, dict) else None
+    value = data.get("tokenizer_sha256") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def num_files(manifest: dict) -> int:

@@ -162,6 +162,34 @@ class Store:
             raise StoreError(f"{where} has top-k shape {rec['topk_ids'].shape}, "
                              f"manifest says {(shapes['seq_len'], shapes['top_k'])}")
 
+    # -- the tokenizer
+
+    def tokenizer_file(self) -> str | None:
+        """A local path of the store's copy of its tokenizer.json, checked against the manifest's
+        ``content.data.tokenizer_sha256``; None for stores without one (written before the copy
+        was kept, or synthetic)."""
+        import hashlib
+
+        want = manifest_mod.tokenizer_sha256(self.manifest)
+        uri = paths.join(self.uri, manifest_mod.TOKENIZER_NAME)
+        if want is None or not paths.exists(uri):
+            return None
+        data = paths.read_bytes(uri)
+        if hashlib.sha256(data).hexdigest() != want:
+            raise StoreError(f"{uri}: SHA-256 {hashlib.sha256(data).hexdigest()[:16]}... differs from the "
+                             f"manifest's tokenizer_sha256 {want[:16]}...; the copy is damaged: delete it and "
+                             "re-run the dump to write it again")
+        if self.local:
+            return paths.local_path(uri)
+        path = os.path.join(self.cache_dir, f"tokenizer-{want[:16]}", manifest_mod.TOKENIZER_NAME)
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.part"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        return path
+
     # -- chunks
 
     def _chunk_uri(self, chunk) -> str:

@@ -69,6 +69,28 @@ def as_os_error(e: RuntimeError, path: str) -> BaseException:
     return e
 
 
+def put_tokenizer(store_uri: str, manifest: dict, tokenizer_file: str) -> bool:
+    """Keep a copy of the tokenizer.json the data was tokenized with in the store (once, atomically).
+
+    Its SHA-256 must be the manifest's ``content.data.tokenizer_sha256``; a copy already there
+    is left as it is. Returns True when the copy was written now.
+    """
+    import hashlib
+
+    want = manifest_mod.tokenizer_sha256(manifest)
+    if want is None:
+        return False
+    uri = paths.join(store_uri, manifest_mod.TOKENIZER_NAME)
+    if paths.exists(uri):
+        return False
+    data = paths.read_bytes(tokenizer_file)
+    if hashlib.sha256(data).hexdigest() != want:
+        raise StoreError(f"{tokenizer_file} is not the tokenizer of {store_uri}'s manifest "
+                         f"(SHA-256 {hashlib.sha256(data).hexdigest()[:16]}..., manifest {want[:16]}...)")
+    paths.write_bytes_atomic(uri, data)
+    return True
+
+
 class ChunkWriter:
     """Writes the records of one chunk to a temporary file; ``commit`` publishes it."""
 

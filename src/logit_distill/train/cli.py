@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=500,
                    help="save an Orbax checkpoint every N optimizer steps (and at the end; default 500)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept (default 3)")
+    p.add_argument("--allow-tokenizer-mismatch", action="store_true",
+                   help="train a student whose tokenizer.json differs from the one the data was tokenized with "
+                        "(refused by default); the HF export then ships the student's tokenizer")
     p.add_argument("--eval-data", help="held-out data (JSONL or pre-tokenized ArrayRecord): student cross-entropy "
                                        "and perplexity after training, written to <output>/eval.json")
     p.add_argument("--max-eval-examples", type=int, help="evaluate on at most N examples of --eval-data")
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         end_lr_fraction=args.end_lr_fraction, param_sharding=args.param_sharding, packing=args.packing,
         data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
         max_eval_examples=args.max_eval_examples, samples=args.samples,
-        proposal_temperature=args.proposal_temperature,
+        proposal_temperature=args.proposal_temperature, allow_tokenizer_mismatch=args.allow_tokenizer_mismatch,
     )
     summary = {"output": result.output, "final_step": result.final_step, "hf_dir": result.hf_dir,
                "export_dir": result.export_dir,

@@ -307,6 +307,7 @@ def train_student(
     max_eval_examples: int | None = None,
     samples: int | None = None,
     proposal_temperature: float = 1.0,
+    allow_tokenizer_mismatch: bool = False,
 ) -> TrainResult:
     """Train a student from a logit store (``store``) or a teacher in the loop
     (``teacher``, ``data``, ``top_k``, ``seq_len``); see docs/TRAIN.md.
@@ -321,7 +322,9 @@ def train_student(
     keys the draws of ``sampled_kl``, as in a sampled dump), ``samples`` and
     ``proposal_temperature`` (``sampled_kl``: draws per position) and ``num_examples`` (use the first n examples of the
     data, e.g. the number the dump wrote). Re-running the same call resumes
-    from the latest checkpoint in ``output``.
+    from the latest checkpoint in ``output``. A student whose tokenizer.json
+    differs from the one the data was tokenized with is refused unless
+    ``allow_tokenizer_mismatch`` (then the export ships the student's, with a warning).
     """
     # --- settings
     inputs = {"--store": store, "--teacher": teacher, "--data": data, "--student": student, "--eval-data": eval_data}
@@ -393,10 +396,13 @@ def train_student(
         source = loader.OnlineSource(examples, num_examples)
         vocab_size, L, data_packing = teacher_model.vocab_size, int(seq_len), bool(packing)
         where = f"teacher {teacher}"
+        reference_tokenizer = (teacher_model.tokenizer_path,
+                               examples.identity.get("tokenizer_sha256"), f"the teacher {teacher}")
         source_identity = {"mode": "online", "teacher": teacher_model.identity, "data": examples.identity,
                            "top_k": int(top_k), "num_examples": len(source)}
     else:
         from ..store import open_store
+        from ..store.manifest import tokenizer_sha256
 
         st = open_store(store)
         from ..store import manifest as manifest_mod
@@ -412,9 +418,13 @@ def train_student(
         vocab_size, L = shapes["vocab_size"], shapes["seq_len"]
         data_packing = bool(st.manifest.get("content", {}).get("data", {}).get("packing", True))
         where = f"store {store}"
+        reference_tokenizer = (st.tokenizer_file(), tokenizer_sha256(st.manifest),
+                               f"store {store}")
         source_identity = {"mode": "offline", "store_fingerprint": st.manifest["fingerprint"]}
 
     student_model = open_student(student, vocab_size=vocab_size, seq_len=L, where=where)
+    _check_tokenizer(student, student_model.tokenizer_path, *reference_tokenizer, allow=allow_tokenizer_mismatch,
+                     output=output)
     tokenizer_path = student_model.tokenizer_path or (teacher_model.tokenizer_path if teacher_model else None)
     if tokenizer_path is None and student_model.kind == "flax" and not online:
         tokenizer_path = store_teacher_tokenizer(st.manifest)  # a Flax student speaks the teacher's tokens
@@ -434,6 +444,8 @@ def train_student(
         "alpha_end": None if alpha_end is None else float(alpha_end), "alpha_schedule": alpha_schedule,
         "temperature": float(temperature), "process_count": process_count, "param_sharding": param_sharding,
     }
+    if allow_tokenizer_mismatch:  # recorded only when set: outputs of earlier versions still resume
+        config["allow_tokenizer_mismatch"] = True
     if loss == "sampled_kl":
         config["proposal_temperature"] = float(proposal_temperature)
         if online:
@@ -615,6 +627,41 @@ def train_student(
     return TrainResult(output=output, final_step=num_steps, metrics=last_metrics, eval=eval_result,
                        hf_dir=export_dir if student_model.kind == "hf" else None,
                        resumed_from_step=resumed_from, export_dir=export_dir)
+
+
+def _check_tokenizer(student: str, student_tokenizer: str | None, reference_file: str | None,
+                     reference_sha: str | None, reference: str, *, allow: bool, output: str) -> None:
+    """The student's tokenizer.json must be the one the data was tokenized with (same SHA-256).
+
+    Vocabularies of equal size can still be different tokenizers (many 32000-token ones are):
+    a student trained on ids it reads otherwise learns garbage, and its export would ship the
+    wrong tokenizer. The error lists the first differing ids when ``reference_file`` is known.
+    Nothing to check when either side has no tokenizer recorded (pre-tokenized data without
+    one, synthetic stores, a checkpoint without tokenizer.json).
+    """
+    from ..data.tokenizer import differing_ids, file_sha256
+
+    if student_tokenizer is None or reference_sha is None:
+        return
+    have = file_sha256(student_tokenizer)
+    if have == reference_sha:
+        return
+    detail = ""
+    if reference_file is not None:
+        first, count = differing_ids(reference_file, student_tokenizer)
+        if first:
+            shown = ", ".join(f"{i} ({a!r} vs {b!r})" for i, a, b in first)
+            detail = f"; {count} ids differ, the first: {shown}"
+        else:
+            detail = "; the vocabularies are equal, the rules (merges, normalizer, pre-tokenizer) differ"
+    what = (f"student {student} has another tokenizer than {reference} (tokenizer.json SHA-256 "
+            f"{have[:12]}... vs {reference_sha[:12]}...){detail}")
+    if not allow:
+        raise InputError(f"{what}; give the student the teacher's tokenizer.json, or pass "
+                         "--allow-tokenizer-mismatch to train anyway")
+    if jax.process_index() == 0:
+        print(f"logit-distill train: warning: {what}; training anyway (--allow-tokenizer-mismatch): "
+              f"the HF export in {paths.join(output, HF_DIR)} ships the student's tokenizer", file=sys.stderr)
 
 
 def alpha_schedule_of(kind: str, alpha: float, alpha_end: float | None, num_steps: int):
