@@ -1,7 +1,8 @@
 """Paths and files through fsspec: local paths, ``file://`` and ``gs://`` (gcsfs).
 
 A GCS emulator is selected with the standard ``STORAGE_EMULATOR_HOST`` variable,
-which gcsfs reads itself. Against an emulator we also turn off gcsfs's extended
+which gcsfs reads itself (and which sets tensorstore's ``TENSORSTORE_GCS_HTTP_URL``
+unless that is set). Against an emulator we also turn off gcsfs's extended
 (zonal/HNS) client: it probes each bucket over gRPC and stalls about 60 s per
 bucket when nothing answers. The variable is read when gcsfs is imported, so it
 is set here, before fsspec loads gcsfs.
@@ -21,6 +22,9 @@ import uuid
 
 if os.environ.get("STORAGE_EMULATOR_HOST"):
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    # tensorstore (Orbax's array writer) has its own GCS client and endpoint setting; it reads
+    # it once, at its first GCS request. Without application-default credentials it is anonymous.
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", os.environ["STORAGE_EMULATOR_HOST"])
 
 import fsspec  # noqa: E402  (after the environment above)
 

@@ -10,12 +10,17 @@ number of optimizer steps done) holds two items:
 - ``data``: this process's Grain iterator state (``grain.checkpoint``), a
   small JSON file per process.
 
-Orbax commits a checkpoint atomically (a temporary directory renamed when
-finished); ``latest_step`` only sees finished ones, so a run killed during a
-save resumes from the previous checkpoint.
+Orbax commits a checkpoint atomically (locally a temporary directory renamed
+when finished, on GCS a ``commit_success.txt`` written last); ``latest_step``
+only sees finished ones, so a run killed during a save resumes from the
+previous checkpoint. On ``gs://`` the arrays go through tensorstore's own GCS
+client, which reads its endpoint from ``TENSORSTORE_GCS_HTTP_URL`` (set from
+``STORAGE_EMULATOR_HOST`` by ``paths``).
 """
 
 from __future__ import annotations
+
+import os
 
 import grain
 import jax
@@ -33,6 +38,17 @@ def _orbax_path(uri: str):
     return paths.local_path(uri) if paths.is_local(uri) else uri
 
 
+def _use_ocdbt(uri: str) -> bool:
+    """OCDBT (Orbax's default: few large objects) except on a GCS emulator.
+
+    OCDBT updates its manifest with conditional writes on the object generation it last
+    read; gcp-storage-emulator sends no ``x-goog-generation`` on reads, so tensorstore
+    fails ("Malformed StorageGeneration") about every other save. Plain zarr writes whole
+    chunks unconditionally and works there; restore reads either layout.
+    """
+    return not (uri.startswith("gs://") and os.environ.get("STORAGE_EMULATOR_HOST"))
+
+
 class TrainCheckpointer:
     """Save and restore ``(state, data iterator)`` pairs by optimizer step."""
 
@@ -48,7 +64,7 @@ class TrainCheckpointer:
             _orbax_path(self.directory),
             options=options,
             item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
+                "state": ocp.StandardCheckpointHandler(use_ocdbt=_use_ocdbt(self.directory)),
                 "data": grain.checkpoint.CheckpointHandler(),
             },
         )
