@@ -7,7 +7,8 @@ gcp-storage-emulator ignores GCS's preconditions; the store's lease needs one
 (an object created only if absent). ``python -m logit_distill.emulator PORT``
 runs the same emulator with the ``ifGenerationMatch`` precondition of real GCS
 on uploads and deletes (HTTP 412 when it does not hold; ``0`` means "no live
-object"). The emulator serves one request at a time, so check and write are
+object"), and with the object's generation in the headers of a download, as GCS
+sends it (tensorstore's OCDBT checkpoints condition writes on it). The emulator serves one request at a time, so check and write are
 one step, as on GCS.
 """
 
@@ -84,9 +85,33 @@ def _with_precondition(handler, name_of):
     return checked
 
 
+def _with_generation_headers(download):
+    """Media downloads carry ``x-goog-generation``/``x-goog-metageneration`` as on GCS:
+    tensorstore (Orbax's OCDBT checkpoints) conditions its next write on the generation it read."""
+
+    def download_with_generation(request, response, storage, *args, **kwargs):
+        result = download(request, response, storage, *args, **kwargs)
+        if response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            from gcp_storage_emulator.exceptions import NotFound
+
+            try:
+                obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            except NotFound:
+                return result
+            response["x-goog-generation"] = str(obj.get("generation", "0"))
+            response["x-goog-metageneration"] = str(obj.get("metageneration", "1"))
+        return result
+
+    return download_with_generation
+
+
 def _install_preconditions() -> None:
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
+
+    # objects.get() calls download() through the module for ?alt=media; the routes hold it too.
+    original_download = objects.download
+    objects.download = _with_generation_headers(original_download)
 
     def upload_name(request):
         if "name" in request.query:
@@ -101,8 +126,9 @@ def _install_preconditions() -> None:
     for attr in ("_media_upload", "_multipart_upload", "_create_resumable_upload"):
         setattr(objects, attr, _with_precondition(getattr(objects, attr), upload_name))
     checked_delete = _with_precondition(objects.delete, lambda r: r.params.get("object_id"))
+    swap = {objects.delete: checked_delete, original_download: objects.download}
     server.HANDLERS = tuple(
-        (regex, {method: checked_delete if h is objects.delete else h for method, h in handlers.items()})
+        (regex, {method: swap.get(h, h) for method, h in handlers.items()})
         for regex, handlers in server.HANDLERS
     )
 

@@ -20,8 +20,6 @@ client, which reads its endpoint from ``TENSORSTORE_GCS_HTTP_URL`` (set from
 
 from __future__ import annotations
 
-import os
-
 import grain
 import jax
 import orbax.checkpoint as ocp
@@ -36,17 +34,6 @@ def checkpoint_dir(output: str) -> str:
 def _orbax_path(uri: str):
     # Orbax (etils.epath) takes local paths and gs:// URIs; strip file:// for it.
     return paths.local_path(uri) if paths.is_local(uri) else uri
-
-
-def _use_ocdbt(uri: str) -> bool:
-    """OCDBT (Orbax's default: few large objects) except on a GCS emulator.
-
-    OCDBT updates its manifest with conditional writes on the object generation it last
-    read; gcp-storage-emulator sends no ``x-goog-generation`` on reads, so tensorstore
-    fails ("Malformed StorageGeneration") about every other save. Plain zarr writes whole
-    chunks unconditionally and works there; restore reads either layout.
-    """
-    return not (uri.startswith("gs://") and os.environ.get("STORAGE_EMULATOR_HOST"))
 
 
 class TrainCheckpointer:
@@ -64,7 +51,7 @@ class TrainCheckpointer:
             _orbax_path(self.directory),
             options=options,
             item_handlers={
-                "state": ocp.StandardCheckpointHandler(use_ocdbt=_use_ocdbt(self.directory)),
+                "state": ocp.StandardCheckpointHandler(),
                 "data": grain.checkpoint.CheckpointHandler(),
             },
         )
