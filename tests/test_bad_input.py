@@ -2,7 +2,8 @@
 no traceback, and every file that existed before byte-identical afterwards.
 
 Sections: outputs never overlap inputs; one-line failures of options, OS errors and archives;
-the dump lease (two dumps at once); GCS failures. Shared helpers are at the top.
+the dump lease (two dumps at once); GCS failures; non-finite values, tokenizer identity and
+caches (at the end, with its own helpers). Shared helpers are at the top.
 """
 
 from __future__ import annotations

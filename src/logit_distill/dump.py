@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 import time
 
@@ -27,6 +28,7 @@ import numpy as np
 from . import outputs, paths
 from . import store as store_mod
 from .errors import InputError, NonFiniteError, StoreError
+from .flags import positive_float
 from .signals import Interrupted, StopOnSignal
 from .store import manifest as manifest_mod
 from .store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S, Lease
@@ -137,8 +139,9 @@ def _check_settings(config: DumpConfig) -> None:
             raise InputError("--tail-temperatures applies to --selection topk; a sampled store has no tail")
     elif config.samples is not None:
         raise InputError("--samples applies to --selection sampled; give --selection sampled or drop --samples")
-    if not config.proposal_temperature > 0 or not all(float(T) > 0 for T in config.tail_temperatures):
-        raise InputError(f"temperatures must be > 0: --proposal-temperature {config.proposal_temperature}, "
+    if not all(math.isfinite(float(T)) and float(T) > 0
+               for T in (config.proposal_temperature, *config.tail_temperatures)):
+        raise InputError(f"temperatures must be finite and > 0: --proposal-temperature {config.proposal_temperature}, "
                          f"--tail-temperatures {list(config.tail_temperatures)}")
     if config.selection == "topk" and config.proposal_temperature != 1.0:
         raise InputError("--proposal-temperature applies to --selection sampled")
@@ -678,7 +681,7 @@ def register_cli(subparsers) -> None:
                         "position from the teacher, stored as distinct ids + counts + log-probs (unbiased)")
     p.add_argument("--samples", type=int, default=None,
                    help="--selection sampled: draws per position, with replacement (e.g. 32)")
-    p.add_argument("--proposal-temperature", type=float, default=1.0,
+    p.add_argument("--proposal-temperature", type=positive_float, default=1.0,
                    help="--selection sampled: draw from softmax(logits / t) (default 1: the teacher itself)")
     p.add_argument("--tail-temperatures", type=_temperatures, default=(),
                    help="--selection topk: comma-separated temperatures T1,T2 at which the tail mass of the "
@@ -721,7 +724,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("--force-takeover", action="store_true",
                    help="take over the store's lease when it is stale (its dump stopped refreshing it for "
                         "longer than its timeout, e.g. on a machine that is gone)")
-    p.add_argument("--lease-timeout", dest="lease_timeout_s", type=float, default=DEFAULT_LEASE_TIMEOUT_S,
+    p.add_argument("--lease-timeout", dest="lease_timeout_s", type=positive_float, default=DEFAULT_LEASE_TIMEOUT_S,
                    help="seconds without a refresh after which this dump's lease counts as stale; it is "
                         f"refreshed every quarter of it (default {DEFAULT_LEASE_TIMEOUT_S:.0f})")
     p.add_argument("--quiet", dest="progress", action="store_false",
@@ -736,8 +739,8 @@ def _temperatures(text: str) -> tuple:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or not all(v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"temperatures must be > 0, got {text!r}")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"temperatures must be finite and > 0, got {text!r}")
     return values
 
 
