@@ -61,7 +61,7 @@ import struct
 
 import numpy as np
 
-from .errors import StoreError
+from .errors import NonFiniteError, StoreError
 
 MAGIC = b"LDR1"
 HEADER = struct.Struct("<4sBBBBQIIII16s")
