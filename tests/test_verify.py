@@ -205,10 +205,14 @@ def test_bad_records_are_named(tmp_path):
     r0["topk_ids"][4, 2, 2] = 300  # outside the vocabulary (300)
     r0["tail_logprob"][5, 9] = -0.01  # mass > 1
     r0["example_index"][6] = 99  # misplaced
-    r0["topk_logprobs"][7, 0, 3] = np.nan
     raw = []
     for s in range(2):
         raw += store.writer.encode_step(m, recs[s], store.manifest.store_tag(m))
+    # a NaN log-prob in record 7 (position 0, entry 3): the codec refuses to write one, so set the bytes
+    h = codec.decode_header(raw[7])
+    off = codec.HEADER.size + h["num_runs"] * codec.RUN_DTYPE.itemsize + 4 * h["seq_len"] \
+        + 4 * h["seq_len"] * h["top_k"] + 4 * 3
+    raw[7] = raw[7][:off] + np.float32(np.nan).tobytes() + raw[7][off + 4:]
     # a corrupt token in record 8 (step 1): its token hash no longer matches
     bad = bytearray(raw[8])
     off = codec.HEADER.size + codec.decode_header(raw[8])["num_runs"] * codec.RUN_DTYPE.itemsize
