@@ -101,8 +101,9 @@ class RecordCheck:
         self.uri = uri
         self.vocab = int(manifest["shapes"]["vocab_size"])
         self.num_samples = int(manifest["shapes"].get("num_samples") or 0)
-        self.sampled_atol = POSITIVE_ATOL + codec_mod.SAMPLED_LOGPROB_MAX_ERROR
         default = manifest["codec"]["name"] == "default"
+        self.counts_sum_to_n = default  # the default codec's unary counts always sum to N
+        self.sampled_atol = POSITIVE_ATOL + codec_mod.SAMPLED_LOGPROB_MAX_ERROR
         self.atol = NORM_ATOL + (codec_mod.LOGPROB_MAX_ERROR if default else 0.0)
         self.positive_atol = POSITIVE_ATOL + (codec_mod.LOGPROB_MAX_ERROR if default else 0.0)
         self.floor = codec_mod.LOGPROB_FLOOR
@@ -143,7 +144,8 @@ class RecordCheck:
             return NonFiniteError, "a NaN or infinite log-prob", int(np.argmax(bad))
         checks = (
             (used & ((ids < 0) | (ids >= self.vocab))).any(-1), f"a sampled id outside [0, {self.vocab})",
-            (counts < 0).any(-1) | (counts.sum(-1) != self.num_samples), f"counts that do not sum to {self.num_samples}",
+            (counts < 0).any(-1) | ((counts.sum(-1) != self.num_samples) & self.counts_sum_to_n),
+            f"negative counts or counts that do not sum to {self.num_samples}",
             (used & (lp > self.sampled_atol)).any(-1), "a log-prob > 0",
         )
         for i in range(0, len(checks), 2):
