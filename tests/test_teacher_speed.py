@@ -220,7 +220,7 @@ _TP_SCRIPT = textwrap.dedent(
     from logit_distill.dump import DumpConfig, _Compute
     from logit_distill.models import load_model, materialize_preset, shard_params, safetensors_io
     from logit_distill.models.sharding import make_mesh
-    from logit_distill.topk import select_topk
+    from logit_distill.topk import sample_keys, select_sampled, select_topk
     assert jax.device_count() == 8
     local = sys.argv[1]
     materialize_preset("tiny-qwen3", local)
@@ -248,13 +248,21 @@ _TP_SCRIPT = textwrap.dedent(
         lp = p["model"]["layers"][0]
         out[mode + "_specs"] = [str(lp["self_attn"]["q_proj"]["weight"].sharding.spec),
                                 str(lp["mlp"]["down_proj"]["weight"].sharding.spec)]
-        # the dump's step, 2-way data x 4-way model
+        # the dump's step, 2-way data x 4-way model, the head over vocabulary chunks (of the sharded rows)
         config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=32, batch_size=4, sharding=mode,
-                            model_parallel=4)
+                            model_parallel=4, vocab_chunk=100)
         c = _Compute(m, config)
         sel = c.fetch(c.dispatch({"tokens": tokens, "positions": positions, "segment_ids": seg}, np.arange(4)))
         out[mode + "_dump_logprobs"] = float(np.abs(sel["topk_logprobs"] - ref_sel["topk_logprobs"]).max())
         out[mode + "_dump_top1"] = bool((sel["topk_ids"][..., 0] == ref_sel["topk_ids"][..., 0]).all())
+        config = DumpConfig(teacher="", data="", output="", seq_len=32, batch_size=4, sharding=mode,
+                            model_parallel=4, vocab_chunk=100, selection="sampled", samples=16, seed=3)
+        c = _Compute(m, config)
+        sel = c.fetch(c.dispatch({"tokens": tokens, "positions": positions, "segment_ids": seg}, np.arange(4)))
+        ref_s = select_sampled(ref, 16, sample_keys(3, np.arange(4), 32))
+        out[mode + "_dump_sampled_same"] = bool(all((np.asarray(ref_s[k]) == sel[k]).all()
+                                                    for k in ("sample_ids", "sample_counts")))
+        out[mode + "_dump_sampled_logprobs"] = float(np.abs(sel["sample_logprobs"] - ref_s["sample_logprobs"]).max())
 
     # streamed loading from gs:// straight into shards: each tensor's bytes read once per process
     read = {"bytes": 0}
@@ -288,6 +296,7 @@ def test_tensor_parallel_and_streamed_loading_on_eight_devices(tmp_path, gcs_emu
     for mode in ("tensor", "fsdp+tensor"):
         assert res[mode] <= 1e-5, res
         assert res[mode + "_dump_logprobs"] <= 1e-5 and res[mode + "_dump_top1"], res
+        assert res[mode + "_dump_sampled_same"] and res[mode + "_dump_sampled_logprobs"] <= 1e-5, res
         q_spec, down_spec = res[mode + "_specs"]
         assert q_spec.startswith("P('model'") and down_spec.endswith("'model')"), res
     assert "data" in res["fsdp+tensor_specs"][0], res
