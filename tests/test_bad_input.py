@@ -755,7 +755,17 @@ def test_train_refuses_bad_float_flags(train_setup, tmp_path, capsys, flag, valu
     out = tmp_path / "out"
     rc, err = run_cli_err(capsys, *_train_args(train_setup, out, f"{flag}={value}"))
     assert rc == 2 and match in one_line_error(err, "train"), err
+    assert len(err.strip().splitlines()) == 1, err  # no usage block either
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args,command", [(("dump", "--bogus"), "dump"), (("verify",), "verify"),
+                                          (("train", "--num-steps", "x"), "train"), ((), None)])
+def test_argument_errors_are_one_line_without_the_usage_block(capsys, args, command):
+    rc, err = run_cli_err(capsys, *args)
+    prefix = f"logit-distill {command}" if command else "logit-distill"
+    assert rc == 2 and err.startswith(f"{prefix}: error: ") and err.count("\n") == 1, err
+    assert f"see '{prefix} --help'" in err
 
 
 def test_train_library_refuses_bad_floats(train_setup, tmp_path):

@@ -35,12 +35,20 @@ def _preset_main(args) -> int:
 COMMANDS = ("dump", "verify", "train", "preset")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block), like every other failure
+    (docs/ERRORS.md); ``--help`` still prints the usage. Sub-commands inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import dump
     from .train import register_cli as register_train
     from .verify import register_cli as register_verify
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="logit-distill",
         description="Offline knowledge distillation: dump a teacher's top-k log-probs once, "
                     "verify the store, train students from it.",

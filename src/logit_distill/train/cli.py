@@ -119,7 +119,9 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="logit-distill")
+    from ..cli import OneLineParser
+
+    parser = OneLineParser(prog="logit-distill")
     sub = parser.add_subparsers(dest="command", required=True)
     register_cli(sub)
     args = parser.parse_args(argv)

@@ -75,7 +75,9 @@ def cli_main(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m logit_distill.verify --store URI ...`` (the same as ``logit-distill verify``)."""
-    parser = argparse.ArgumentParser(prog="logit-distill")
+    from ..cli import OneLineParser
+
+    parser = OneLineParser(prog="logit-distill")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["verify", *(sys.argv[1:] if argv is None else argv)])
     from ..cli import run as run_command
