@@ -97,11 +97,34 @@ def _keep_exit_code_on_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _import_jax_holding_interrupts() -> None:
+    """Import JAX with Ctrl-C held, then act on it: a KeyboardInterrupt raised in the middle of
+    importing JAX's native modules can abort the interpreter (SIGABRT/SIGSEGV) instead of ending the
+    command with one line and exit 130. Imports only: the backend starts later (multi-host jobs must
+    join their peers first)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        import jax  # noqa: F401
+        import jax.numpy  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
 def run(args, *, command: str, debug: bool = False) -> int:
     """Run a parsed command: its exit status, or one line on stderr and a documented exit code."""
     if not debug:
         quiet_libraries()
     try:
+        if command in ("dump", "verify", "train"):
+            _import_jax_holding_interrupts()
         return args.func(args)
     except BaseException as e:  # noqa: BLE001 - every failure ends as one line (see docs/ERRORS.md)
         if isinstance(e, SystemExit):
