@@ -120,6 +120,19 @@ def _sampled_spot_fn(apply):
     return fn
 
 
+def _report_mismatch(ctx: _Ctx, chk: _Check, chunk, record: int, example: int, err, bound: float) -> int:
+    """Name the first position of one record whose error ``err`` [L] exceeds ``bound``; the count of them."""
+    bad = np.flatnonzero(err > bound)
+    if bad.size:
+        pos = int(bad[0])
+        chk.add("mismatch", f"{ctx.chunk_uri(chunk)} record {record} (example {example}): {bad.size} of "
+                            f"{ctx.seq_len} positions differ from the recomputed teacher (first at position "
+                            f"{pos}: |Δ log-prob| {float(err[pos]):.3g} > bound {bound:.2g}); logits "
+                            "misaligned with the tokens, or another teacher",
+                chunk=chunk.name, record=record, example=example, position=pos)
+    return int(bad.size)
+
+
 def _check_teacher_sampled(ctx: _Ctx, loaded, todo: list, kept: dict, atol: float | None, chk: _Check) -> None:
     """The sampled ids' stored log-probs equal the recomputed teacher's log-probs of those ids."""
     bound = atol if atol is not None else (
@@ -145,15 +158,7 @@ def _check_teacher_sampled(ctx: _Ctx, loaded, todo: list, kept: dict, atol: floa
                 d = np.where(used[j], np.abs(lps[j] - np.maximum(out[j], floor)), 0.0)
             err = np.where(np.isnan(d), np.inf, d).max(-1)
             max_err = max(max_err, float(err.max()))
-            bad = np.flatnonzero(err > bound)
-            positions_bad += int(bad.size)
-            if bad.size:
-                pos = int(bad[0])
-                chk.add("mismatch", f"{ctx.chunk_uri(chunk)} record {record} (example {g}): {bad.size} of "
-                                    f"{ctx.seq_len} positions differ from the recomputed teacher (first at position "
-                                    f"{pos}: |Δ log-prob| {float(err[pos]):.3g} > bound {bound:.2g}); logits "
-                                    "misaligned with the tokens, or another teacher",
-                        chunk=chunk.name, record=record, example=g, position=pos)
+            positions_bad += _report_mismatch(ctx, chk, chunk, record, g, err, bound)
     chk.details.update(examples_compared=len(todo), bound=bound, max_abs_error=max_err,
                        positions_mismatched=positions_bad)
     chk.ok_message = (f"{len(todo)} sampled examples: the sampled ids' log-probs agree with the recomputed teacher "
@@ -206,15 +211,7 @@ def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | N
             id_agree += int((stack["topk_ids"][j] == out["topk_ids"][j]).sum())
             id_total += stack["topk_ids"][j].size
             max_err = max(max_err, float(err.max()))
-            bad = np.flatnonzero(err > bound)
-            positions_bad += int(bad.size)
-            if bad.size:
-                pos = int(bad[0])
-                chk.add("mismatch", f"{ctx.chunk_uri(chunk)} record {record} (example {g}): {bad.size} of "
-                                    f"{ctx.seq_len} positions differ from the recomputed teacher (first at position "
-                                    f"{pos}: |Δ log-prob| {float(err[pos]):.3g} > bound {bound:.2g}); logits "
-                                    "misaligned with the tokens, or another teacher",
-                        chunk=chunk.name, record=record, example=g, position=pos)
+            positions_bad += _report_mismatch(ctx, chk, chunk, record, g, err, bound)
     chk.details.update(examples_compared=len(todo), bound=bound, max_abs_error=max_err,
                        id_agreement=id_agree / max(1, id_total), positions_mismatched=positions_bad)
     chk.ok_message = (f"{len(todo)} sampled examples agree with the recomputed teacher (max |Δ log-prob| "

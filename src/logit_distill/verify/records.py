@@ -13,6 +13,22 @@ NORM_ATOL = 5e-4
 POSITIVE_ATOL = 1e-6  # a log-prob may exceed 0 by float32 rounding only
 
 
+def _locators(chunk, uri: str, first: int, expected_index: np.ndarray):
+    """``where(i, position=None)`` (the fields of a finding) and ``label(i)`` (its text) of record
+    ``first + i`` of ``chunk``."""
+
+    def where(i: int, position: int | None = None) -> dict:
+        w = {"chunk": chunk.name, "record": int(first + i), "example": int(expected_index[i])}
+        if position is not None:
+            w["position"] = int(position)
+        return w
+
+    def label(i: int) -> str:
+        return f"{uri} record {first + i} (example {int(expected_index[i])})"
+
+    return where, label
+
+
 def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkResult) -> None:
     """Decode a batch of records and check them with vectorized numpy."""
     if ctx.manifest["shapes"].get("selection") == "sampled":
@@ -32,15 +48,7 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
     dtype_ok = True
     wanted = ctx.wanted.get(chunk.name, {})
     expected_index = ctx.global_index(chunk, np.arange(first, first + n, dtype=np.int64))
-
-    def where(i: int, position: int | None = None) -> dict:
-        w = {"chunk": chunk.name, "record": int(first + i), "example": int(expected_index[i])}
-        if position is not None:
-            w["position"] = int(position)
-        return w
-
-    def label(i: int) -> str:
-        return f"{uri} record {first + i} (example {int(expected_index[i])})"
+    where, label = _locators(chunk, uri, first, expected_index)
 
     for i, raw in enumerate(raws):
         try:
@@ -151,15 +159,7 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
     chk = res.records
     wanted = ctx.wanted.get(chunk.name, {})
     expected_index = ctx.global_index(chunk, np.arange(first, first + n, dtype=np.int64))
-
-    def where(i: int, position: int | None = None) -> dict:
-        w = {"chunk": chunk.name, "record": int(first + i), "example": int(expected_index[i])}
-        if position is not None:
-            w["position"] = int(position)
-        return w
-
-    def label(i: int) -> str:
-        return f"{uri} record {first + i} (example {int(expected_index[i])})"
+    where, label = _locators(chunk, uri, first, expected_index)
 
     checked = 0
     for i, raw in enumerate(raws):
