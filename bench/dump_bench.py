@@ -96,6 +96,7 @@ def dump(size: dict, want: set) -> dict:
         def finish(item):
             step, local, out = item
             records = compute.fetch(out)
+            records.pop(compute.nonfinite_key)  # run_dump checks it, then drops it
             if keep:
                 records.update(local)
                 records["example_index"] = np.arange(step * B, (step + 1) * B, dtype=np.int64)
@@ -103,7 +104,7 @@ def dump(size: dict, want: set) -> dict:
 
         for step in range(N):  # run_dump's loop: dispatch step s, then fetch step s - 1
             local = source.batch(range(step * B, (step + 1) * B))
-            out = compute.dispatch(local)
+            out = compute.dispatch(local, np.arange(step * B, (step + 1) * B))
             if pending is not None:
                 finish(pending)
             pending = (step, local, out)

@@ -76,14 +76,16 @@ def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing
     assert checked > 100
 
 
-def test_rerun_is_a_noop_and_bytes_are_deterministic(setup, tmp_path):
+def test_rerun_is_a_noop_and_bytes_are_deterministic(setup, tmp_path, capsys):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     ra = run_dump(_config(setup, a))
     assert ra.complete and ra.chunks_written == 3 and ra.resumed_from_step == 0
     run_dump(_config(setup, b))
     assert chunk_bytes(a) == chunk_bytes(b)
+    capsys.readouterr()
     again = run_dump(_config(setup, a))
     assert again.steps_run == 0 and again.chunks_written == 0 and again.resumed_from_step == 6
+    assert "the teacher was not loaded" in capsys.readouterr().err  # a complete store: a scan of names only
 
 
 def test_deleted_middle_chunk_is_filled(setup, tmp_path):

@@ -578,12 +578,14 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
 def _already_complete(config: DumpConfig, t_start: float) -> DumpResult | None:
     """The result of a dump with nothing to do, when the store already holds every chunk of the
     planned manifest; None otherwise (and when the number of steps is left to the data)."""
-    from .store.status import store_status
+    from .store.status import may_be_complete, store_status
 
     if config.num_steps is None:
         return None
     process, num_processes = _process_info()
     manifest = plan_manifest(config, num_processes)
+    if not may_be_complete(config.output, manifest):
+        return None
     status = store_status(config.output, manifest)
     if not status.complete:
         return None

@@ -42,3 +42,14 @@ def store_status(store_uri: str, manifest: dict) -> StoreStatus:
     for name in sorted(c.name for c in result.chunks.values()):
         digest.update(b"\n" + name.encode())
     return StoreStatus(True, result.complete, digest.hexdigest()[:16], result.num_present, result.num_expected)
+
+
+def may_be_complete(store_uri: str, manifest: dict) -> bool:
+    """False when ``store_uri`` cannot hold every chunk of ``manifest``: fewer names of this store's
+    chunks than a complete store has. Names only, none parsed: the dump asks this first, so that
+    resuming a store of many chunks pays for one full scan (under its lease), not two."""
+    if not paths.exists(paths.join(store_uri, manifest_mod.MANIFEST_NAME)):
+        return False
+    prefix = f"chunk-{manifest['fingerprint'][:8]}-"
+    present = sum(f["name"].startswith(prefix) for f in paths.list_files(store_uri, with_sizes=False))
+    return present >= len(expected_ranges(manifest)) * manifest["layout"]["num_processes"]
