@@ -15,7 +15,9 @@ feeds, allowed values) come from one table, ``pipelines/params.py``:
   placeholders), with machine, accelerator, TPU topology, scheduling (Spot,
   FLEX_START), timeout, boot disk, reservation and labels as parameters, and
   the replica count (hosts), retry windows and worker-restart policy as
-  compile options. Optionally the KD student is uploaded to the Model
+  compile options. A task retry of either creates a new custom job, never
+  re-attaching to the failed one (``pipelines/launcher_guard.py`` runs before
+  GCPC's launcher). Optionally the KD student is uploaded to the Model
   Registry.
 - ``logit-distill-from-store`` (``distill_from_store``): an existing store ->
   verify -> train (plain components).
@@ -31,13 +33,14 @@ with the report's first failing check. See docs/PIPELINE.md.
 """
 
 import copy
+import inspect
 
 from kfp import dsl
 from kfp.dsl import Dataset
 
 import components
 from components.image import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE
-from pipelines import params
+from pipelines import launcher_guard, params
 
 PIPELINE_NAME = "logit-distill"
 VERTEX_PIPELINE_NAME = "logit-distill-vertex"
@@ -54,6 +57,21 @@ VERTEX_SUMMARY = ("Offline distillation on Vertex AI: the teacher dump and the s
                   "retries and preemptions, and a complete store is not dumped again.")
 FROM_STORE_SUMMARY = ("Offline distillation from an existing logit store: verify it, train a student from it "
                       "(plain components: kfp.local and Kubeflow Pipelines).")
+
+
+# The command GCPC 2.22 gives a custom job's launcher container, which _guard_launcher replaces.
+GCPC_LAUNCHER_COMMAND = ["python3", "-u", "-m", launcher_guard.LAUNCHER]
+
+
+def _guard_launcher(job):
+    """Run pipelines/launcher_guard.py (its source, embedded) before GCPC's launcher, with the launcher's own
+    arguments: a task retry creates a new custom job instead of re-attaching to the failed one."""
+    container = job.component_spec.implementation.container
+    if list(container.command) != GCPC_LAUNCHER_COMMAND:
+        raise RuntimeError(f"GCPC's custom job launcher command is {container.command}, not "
+                           f"{GCPC_LAUNCHER_COMMAND}: check pipelines/launcher_guard.py against this GCPC")
+    container.command = ["python3", "-u", "-c", inspect.getsource(launcher_guard)]
+    return job
 
 
 def _retry(task, retries: int, window: str):
@@ -166,10 +184,10 @@ def build_pipelines(image: str = DEFAULT_IMAGE, *, cpu_image: str | None = DEFAU
 
     def custom_job(name: str, replicas: int):
         restart = replicas > 1 if restart_job_on_worker_restart is None else restart_job_on_worker_restart
-        return create_custom_training_job_from_component(
+        return _guard_launcher(create_custom_training_job_from_component(
             ops[name], display_name=name.replace("_", "-"), replica_count=replicas,
             # JAX's multi-controller runtime cannot survive a worker leaving and rejoining: restart them all.
-            restart_job_on_worker_restart=restart)
+            restart_job_on_worker_restart=restart))
 
     dump_job = custom_job(params.DUMP, dump_replicas)
     train_job = custom_job(params.TRAIN, train_replicas)

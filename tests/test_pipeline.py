@@ -154,6 +154,31 @@ def test_vertex_variant_runs_dump_and_train_as_custom_jobs_as_the_pipeline():
     assert "register-student" in tasks and tasks["student-hf-export"]["inputs"]["parameters"]["uri"]
 
 
+def test_vertex_custom_jobs_run_the_retry_guard_then_gcpcs_launcher_with_its_arguments(tmp_path):
+    """The dump and train jobs' launcher containers run pipelines/launcher_guard.py (its source, embedded: GCPC's
+    image lacks this package) and pass GCPC's own launcher arguments on; tests/test_launcher_guard.py runs it."""
+    import inspect
+
+    from google_cloud_pipeline_components.v1.custom_job import component
+    from kfp import compiler
+
+    from pipelines import launcher_guard
+    from pipelines.pipeline import GCPC_LAUNCHER_COMMAND
+
+    compiler.Compiler().compile(component.custom_training_job, str(tmp_path / "gcpc.yaml"))
+    with open(tmp_path / "gcpc.yaml") as f:
+        (gcpc,) = [e["container"] for e in yaml.safe_load(f)["deploymentSpec"]["executors"].values()]
+    assert gcpc["command"] == GCPC_LAUNCHER_COMMAND  # what the guard hands over to (launcher_guard.LAUNCHER)
+    d = _spec("logit_distill_pipeline_vertex.yaml")
+    tasks = _tasks(d)
+    for task in ("dump-teacher-topk", "train-offline-student", "train-ce-baseline"):
+        executor = d["components"][tasks[task]["componentRef"]["name"]]["executorLabel"]
+        container = d["deploymentSpec"]["executors"][executor]["container"]
+        assert container["command"] == ["python3", "-u", "-c", inspect.getsource(launcher_guard)], task
+        assert container["args"] == gcpc["args"] and container["image"] == gcpc["image"], task
+    assert GCPC_LAUNCHER_COMMAND[-1] == launcher_guard.LAUNCHER
+
+
 def _compile_vertex(path, **options) -> dict:
     from kfp import compiler
 
