@@ -73,5 +73,202 @@ def test_dockerfile_installs_the_lock_on_a_pinned_base():
     with open(DOCKERFILE) as f:
         text = f.read()
     assert re.search(r"ARG BASE_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}\n", text)
-    assert "pip install --require-hashes --no-deps -r requirements.lock" in text
-    assert "pip install --no-deps ." in text and "pip check" in text
+    runs = [rest for word, rest in _instructions(text) if word == "RUN"]
+    assert tuple(runs) == RUN_STEPS  # the install step is containers/install.sh, which the test below runs
+    with open(INSTALL_SH) as f:
+        script = f.read()
+    assert "pip install --require-hashes --no-deps -r \"$lock\"" in script
+    assert "pip install --no-deps ." in script and "pip check" in script
+
+
+# ---------------------------------------------------------------- the install step, run for real
+
+INSTALL_SH = os.path.join(REPO, "containers", "install.sh")
+# The only RUN commands the test repeats on this machine: the image's install step is containers/install.sh.
+RUN_STEPS = ("sh install.sh lock", "sh install.sh package")
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, argument) of each instruction of a Dockerfile: continuation lines joined, comments dropped."""
+    found, current = [], ""
+    for line in text.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        word, _, rest = (current + line).strip().partition(" ")
+        found.append((word.upper(), rest.strip()))
+        current = ""
+    return found
+
+
+def _dockerignored(rel: str) -> bool:
+    """Whether .dockerignore keeps ``rel`` (a path in the build context) out of the image's COPY."""
+    import fnmatch
+
+    with open(os.path.join(REPO, ".dockerignore")) as f:
+        patterns = [p.strip() for p in f if p.strip() and not p.startswith("#")]
+    parts = rel.split("/")
+    for pattern in patterns:
+        if pattern.startswith("**/"):
+            if any(fnmatch.fnmatch(part, pattern[3:]) for part in parts):
+                return True
+        elif any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+def _python311() -> str:
+    """A CPython 3.11 (the lock's interpreter) to make the venv with: this one, or python3.11 on PATH."""
+    import shutil
+    import subprocess
+    import sys
+
+    for candidate in (sys.executable, shutil.which("python3.11"), shutil.which("python3")):
+        if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 11)"],
+                                        capture_output=True).returncode == 0:
+            return candidate
+    raise AssertionError("the lock is for CPython 3.11 (the image's python:3.11-slim); no python3.11 here")
+
+
+def _run(cmd: list[str], **kwargs) -> str:
+    import subprocess
+
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kwargs)
+    assert out.returncode == 0, f"{cmd[:4]} exited {out.returncode}:\n{(out.stdout + out.stderr)[-6000:]}"
+    return out.stdout
+
+
+def _build_in_venv(root: str, venv: str, fs: str) -> tuple[dict, list[str]]:
+    """Follow containers/Dockerfile's instructions with ``venv`` for the image's Python: COPY into ``root``
+    (the WORKDIR) as the build context and .dockerignore give it, ENV as the environment, ARG defaults
+    (JAX_BACKEND=cpu) as build arguments, and RUN, which must be a step of containers/install.sh.
+    Absolute paths of ENV outside the WORKDIR move under ``fs``. Returns the environment and the CMD."""
+    import json
+    import shlex
+    import shutil
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + env["PATH"])
+    args, workdir, cmd, ran = {}, None, None, []
+    with open(DOCKERFILE) as f:
+        steps = _instructions(f.read())
+    for word, rest in steps:
+        if word == "ARG":
+            name, _, default = rest.partition("=")
+            args[name] = default
+        elif word == "ENV":
+            for item in shlex.split(rest):
+                name, _, value = item.partition("=")
+                if name == "PIP_NO_CACHE_DIR":
+                    continue  # the test uses pip's cache (the lock's hashes still check every file)
+                if workdir and (value == workdir or value.startswith(workdir + "/")):
+                    value = root + value[len(workdir):]
+                elif value.startswith("/"):
+                    value = fs + value
+                env[name] = value
+        elif word == "WORKDIR":
+            workdir = rest
+        elif word == "COPY":
+            *sources, dest = rest.split()
+            assert not any(s.startswith("--") for s in sources), f"COPY options are not followed here: {rest}"
+            target = os.path.normpath(os.path.join(root, dest))
+            for source in sources:
+                to = os.path.join(target, os.path.basename(source)) if dest.endswith("/") else target
+                if os.path.isdir(os.path.join(REPO, source)):
+                    shutil.copytree(os.path.join(REPO, source), to, ignore=lambda d, names: [
+                        n for n in names if _dockerignored(os.path.relpath(os.path.join(d, n), REPO))])
+                else:
+                    os.makedirs(os.path.dirname(to), exist_ok=True)
+                    shutil.copy2(os.path.join(REPO, source), to)
+        elif word == "RUN":
+            assert rest in RUN_STEPS, (f"the Dockerfile runs {rest!r}: the image's install step belongs in "
+                                       "containers/install.sh (this test runs only its steps here)")
+            _run(["sh", "-c", rest], cwd=root, env={**env, **args, "JAX_BACKEND": "cpu"})
+            ran.append(rest)
+        elif word == "CMD":
+            cmd = json.loads(rest)
+        else:
+            assert word in ("FROM", "LABEL"), f"the test does not follow the Dockerfile's {word}: teach it"
+    assert tuple(ran) == RUN_STEPS and workdir and cmd
+    return env, cmd
+
+
+def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
+    """The Dockerfile's install step for the CPU image, for real: a fresh venv gets the lock (hashes
+    required, no dependencies resolved), the package, `pip check` and the import check, all from
+    containers/install.sh as the Dockerfile runs it; then, in that venv, the image's CMD, the imports of
+    every component's function body, and one component (plan_dump) run the way Vertex runs it: its
+    compiled command, `python3 -m kfp.dsl.executor_main`, with an executor input."""
+    import ast
+    import json
+
+    import numpy as np
+    import yaml
+
+    from logit_distill.data import write_pretokenized
+    from logit_distill.dump import DumpConfig, plan_manifest
+    from logit_distill.store import dump_key
+
+    venv, root, fs = str(tmp_path / "venv"), str(tmp_path / "opt"), str(tmp_path / "fs")
+    os.makedirs(root)
+    _run([_python311(), "-m", "venv", venv])
+    env, cmd = _build_in_venv(root, venv, fs)
+    py = os.path.join(venv, "bin", "python")
+
+    # pip check and the import check, again from outside the script; the package comes from the venv
+    _run([py, "-m", "pip", "check"], cwd=root, env=env)
+    where = _run([py, "-c", "import kfp, logit_distill, jax; print(logit_distill.__file__)"], cwd=root, env=env)
+    assert where.strip().startswith(os.path.join(venv, "lib")), where
+    # the image's CMD: the CLI's help
+    assert "dump" in _run(cmd, cwd=root, env=env)
+
+    # every module a component's function body imports is in the image (the bodies import inside)
+    modules = set()
+    compiled = os.path.join(REPO, "compiled", "components")
+    specs = {}
+    for name in sorted(os.listdir(compiled)):
+        with open(os.path.join(compiled, name)) as f:
+            specs[name] = yaml.safe_load(f)
+        (executor,) = specs[name]["deploymentSpec"]["executors"].values()
+        for node in ast.walk(ast.parse(executor["container"]["command"][3])):
+            if isinstance(node, ast.Import):
+                modules.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules.add(node.module)
+    assert {"logit_distill.dump", "matplotlib.pyplot", "kfp.dsl"} <= modules
+    _run([py, "-c", "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)", *sorted(modules)],
+         cwd=root, env=env)
+
+    # plan_dump through KFP's executor, with its compiled command and an executor input as Vertex gives it
+    data = str(tmp_path / "train.array_record")
+    rng = np.random.default_rng(0)
+    write_pretokenized(data, [rng.integers(0, 256, 32, dtype=np.int32) for _ in range(16)])
+    settings = dict(num_steps=2, top_k=8, seq_len=32, batch_size=4, steps_per_file=1)
+    task = tmp_path / "task"
+    spec = specs["plan_dump.yaml"]
+    (executor,) = spec["deploymentSpec"]["executors"].values()
+    (component,) = spec["components"].values()
+    outputs = component["outputDefinitions"]
+    executor_input = {
+        "inputs": {"parameterValues": {"teacher": "preset:tiny-qwen3", "data": data,
+                                       "output_root": str(tmp_path / "out"), **settings}},
+        "outputs": {
+            "parameters": {n: {"outputFile": str(task / n)} for n in outputs["parameters"]},
+            "artifacts": {n: {"artifacts": [{"name": n, "type": a["artifactType"], "uri": str(task / n),
+                                             "metadata": {}}]} for n, a in outputs["artifacts"].items()},
+            "outputFile": str(task / "executor_output.json"),
+        },
+    }
+    argv = executor["container"]["command"] + [
+        json.dumps(executor_input) if a == "{{$}}" else a for a in executor["container"]["args"]]
+    _run(argv, cwd=root, env=env)
+    with open(task / "executor_output.json") as f:
+        out = json.load(f)
+    key = dump_key(plan_manifest(DumpConfig(teacher="preset:tiny-qwen3", data=data, output="", **settings)))
+    values = out["parameterValues"]
+    assert values["dump_key"] == key  # the image names the store as this environment does
+    assert values["store_uri"] == str(tmp_path / "out") + "/teacher_topk/" + key and values["complete"] is False
+    (store,) = out["artifacts"]["store"]["artifacts"]
+    assert store["uri"] == values["store_uri"] and store["metadata"]["dump_key"] == key
