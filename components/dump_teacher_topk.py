@@ -52,6 +52,7 @@ def dump_teacher_topk(
     attention: str = "auto",
     device_batch: int = 0,
     vocab_chunk: int = 0,
+    lease_timeout_s: float = 120.0,
     resources: dict = {},
 ) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool), ("store_state", str)]):
     """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
@@ -77,9 +78,10 @@ def dump_teacher_topk(
         model_parallel=model_parallel or None, attention=attention, device_batch=device_batch or None,
         vocab_chunk=vocab_chunk or None,
         # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
-        # dead, only stale (not refreshed for its timeout, 120 s; the retries back off 60 s, then 120 s, ...).
-        # A live lease (another run dumping the same store right now) is still refused.
-        force_takeover=True,
+        # dead, only stale (not refreshed for its timeout). The retry may start sooner than that (the task
+        # backs off 60 s first), so a lease not yet stale is waited for, once, and taken over if nobody
+        # refreshed it meanwhile; a live lease (another run dumping the same store right now) is refused.
+        force_takeover=True, wait_for_stale_lease=True, lease_timeout_s=lease_timeout_s,
     )
     # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,
     # before anything is written.

@@ -47,6 +47,7 @@ def train_offline_student(
     eval_data: str = "",
     max_eval_examples: int = 0,
     grad_accum: int = 1,
+    allow_tokenizer_mismatch: bool = False,
     log_every: int = 10,
     output_root: str = "",
     output_dir: str = "",
@@ -77,6 +78,8 @@ def train_offline_student(
                 "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed, "loss": loss,
                 "alpha": alpha, "alpha_end": alpha_end, "alpha_schedule": alpha_schedule,
                 "temperature": temperature}
+    if allow_tokenizer_mismatch:  # in the key only when set (as in the training's config): earlier folders resume
+        settings["allow_tokenizer_mismatch"] = True
     # A folder named by the store and the settings: a retried or preempted task resumes there.
     output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
     result = train_student(
@@ -85,7 +88,7 @@ def train_offline_student(
         loss=loss or None, alpha=alpha, alpha_end=None if alpha_end < 0 else alpha_end, alpha_schedule=alpha_schedule,
         temperature=temperature, checkpoint_every=checkpoint_every, eval_data=eval_data or None,
         max_eval_examples=max_eval_examples or None, grad_accum=grad_accum, log_every=log_every,
-        progress=False,
+        allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False,
     )
     if jax.process_index() != 0:
         raise SystemExit(0)  # the checkpoint and export are complete; process 0 writes the task's outputs

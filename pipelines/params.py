@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 from typing import Any, Callable
 
 # Component names (the keys of ``components.build_all``).
@@ -59,6 +60,8 @@ class Param:
 
     def problem(self, value: Any, variant: str = "vertex") -> str | None:
         """Why ``value`` is not acceptable for this parameter, or None."""
+        if self.type is float and isinstance(value, (int, float)) and not math.isfinite(value):
+            return f"{self.name}={value!r} is not a finite number"
         if self.choices is not None and value not in self.choices:
             return f"{self.name}={value!r} is not one of {', '.join(repr(c) for c in self.choices)}"
         if self.min is not None and value < self.min:
@@ -119,8 +122,8 @@ PARAMS: tuple[Param, ...] = (
           "verifies it and trains from it.", variants=("from_store",), group="inputs"),
     Param("num_steps", int, REQUIRED, "Dump steps (batches of batch_size examples) the store covers.",
           _to(PLAN, DUMP, **{VERIFY: "expected_steps"}), min=1, group="inputs"),
-    # ---- the dump (every setting here but sharding, model_parallel, attention, device_batch and
-    # vocab_chunk changes the store's content, hence its key)
+    # ---- the dump (every setting here but sharding, model_parallel, attention, device_batch, vocab_chunk
+    # and lease_timeout_s changes the store's content, hence its key)
     Param("top_k", int, 64, "Teacher entries kept per token position.", _to(PLAN, DUMP), min=1, group="dump"),
     Param("seq_len", int, 512, "Tokens per example.", _to(PLAN, DUMP), vertex_default=2048, min=2, group="dump"),
     Param("batch_size", int, 8, "Examples per dump step, across all hosts.", _to(PLAN, DUMP), min=1, group="dump"),
@@ -160,6 +163,13 @@ PARAMS: tuple[Param, ...] = (
     Param("vocab_chunk", int, 0, "Vocabulary entries per chunk of the teacher's output head and selection "
           "(0: 32768; smaller bounds the selection's memory for large vocabularies).", _to(DUMP), min=0,
           group="dump"),
+    # min: the holder rewrites the lease every quarter of it, and GCS takes about one write per second per
+    # object; max: a retried dump may wait this long, its machines idle, for a gone attempt's lease.
+    Param("lease_timeout_s", float, 120.0, "Seconds without a refresh after which the dump's lease on its "
+          "store is stale (its holder refreshes it every quarter of this). A retried dump that finds the "
+          "lease of an earlier attempt waits until it would be stale: not refreshed meanwhile (the attempt's "
+          "machine is gone), it takes the lease over; refreshed, another dump is writing the store and the "
+          "task fails.", _to(DUMP), min=10.0, max=3600.0, group="dump"),
     # ---- verification
     Param("verify_sample", int, 256, "Records whose values verify reads in full.", {VERIFY: "sample"}, min=0,
           variants=ALL, group="verify"),
@@ -191,6 +201,9 @@ PARAMS: tuple[Param, ...] = (
           variants=ALL, group="train"),
     Param("eval_data", str, "", "Held-out data for the student's cross-entropy (empty: no evaluation).",
           _to(TRAIN), variants=ALL, group="train"),
+    Param("allow_tokenizer_mismatch", bool, False, "Train a student whose tokenizer.json differs from the one "
+          "the store's data was tokenized with (refused by default, naming the first differing ids); the "
+          "export then ships the student's tokenizer.", _to(TRAIN), variants=ALL, group="train"),
     Param("ce_baseline", bool, False, "Also train a CE-only student (alpha = 0) on the same steps, to compare.",
           variants=ALL, group="train"),
     # ---- resources of the plain (kfp.local / Kubeflow) variant

@@ -374,6 +374,36 @@ def test_dump_refuses_a_stale_lease_until_force_takeover(dump_setup, tmp_path, c
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_taker_that_waits_for_staleness_takes_a_gone_holders_lease_and_refuses_a_live_one(where, tmp_path,
+                                                                                             request):
+    """wait_for_stale (the pipeline's retried dump): a lease of another machine that is not stale yet is
+    watched until it would be; not refreshed meanwhile, it is taken over; refreshed, it is refused."""
+    import time
+
+    from logit_distill.errors import StoreBusyError
+    from logit_distill.store.lease import Lease
+
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
+    store_uri = paths.join(root, "s")
+    # a preempted attempt's lease, refreshed 0.5 s ago, timeout 2 s: without waiting, refused at once
+    _foreign_lease(store_uri, pid=4242, host="preempted-vm", age_s=0.5, timeout_s=2.0)
+    with pytest.raises(StoreBusyError, match="being written by another dump: process 4242 on preempted-vm"):
+        Lease(store_uri, force_takeover=True).acquire()
+    # waiting: taken over once stale, about 1.5 s later
+    start = time.monotonic()
+    taker = Lease(store_uri, timeout_s=2.0, force_takeover=True, wait_for_stale=True).acquire()
+    assert 1.0 <= time.monotonic() - start < 10 and taker.previous["host"] == "preempted-vm"
+    # a live holder (this taker, refreshing every 0.5 s): a second waiting taker watches it and is refused
+    start = time.monotonic()
+    with pytest.raises(StoreBusyError, match="being written by another dump"):
+        Lease(store_uri, timeout_s=2.0, force_takeover=True, wait_for_stale=True).acquire()
+    assert 1.0 <= time.monotonic() - start < 10  # it waited (for up to the lease's timeout) before refusing
+    assert taker.lost is None
+    taker.release()
+    assert not paths.exists(paths.join(store_uri, "lease.json"))
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
 def test_a_holder_whose_lease_was_taken_over_stops(where, tmp_path, request):
     import time
 

@@ -114,6 +114,61 @@ def test_dump_refuses_a_key_of_other_settings(work, dumped):
             **{**SETTINGS, "top_k": 4})
 
 
+def test_a_retried_dump_takes_over_a_gone_attempts_lease_at_the_configured_timeout(work, tmp_path, monkeypatch):
+    """The dump's retry may start before the lease of the attempt it replaces is stale (the task backs off
+    60 s; a lease is stale after lease_timeout_s): the dump waits until it would be stale, takes it over and
+    completes the store, holding its own lease with the configured timeout. A lease its holder keeps
+    refreshing (another dump writing the store now) fails the task instead."""
+    import time
+
+    from logit_distill.errors import StoreBusyError
+    from logit_distill.store.lease import Lease
+
+    def plan(root):
+        return components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(tmp_path / root),
+                                              store=Dataset(uri=str(tmp_path / root / "p")), **SETTINGS)
+
+    def dump(planned, **kwargs):
+        return components.dump_teacher_topk.dump_teacher_topk(
+            teacher=TEACHER, data=work["data"], store_uri=planned.store_uri, dump_key=planned.dump_key,
+            store=Dataset(uri=str(tmp_path / "a" / "store")), metrics=Metrics(uri=str(tmp_path / "a" / "m")),
+            **SETTINGS, **kwargs)
+
+    held = []
+    acquire = Lease.acquire
+
+    def spy(self):
+        acquire(self)
+        held.append((self.timeout_s, self.previous))
+        return self
+
+    monkeypatch.setattr(Lease, "acquire", spy)
+    # the preempted attempt's lease: another machine, the configured timeout (3 s), refreshed 1 s ago
+    gone = plan("gone")
+    os.makedirs(gone.store_uri)
+    lease = os.path.join(gone.store_uri, "lease.json")
+    with open(lease, "w") as f:
+        json.dump({"host": "preempted-vm", "pid": 7, "token": "a" * 32, "timeout_s": 3.0,
+                   "acquired_at": "2026-01-01T00:00:00Z"}, f)
+    os.utime(lease, (time.time() - 1.0,) * 2)
+    start = time.monotonic()
+    out = dump(gone, lease_timeout_s=3.0)
+    assert time.monotonic() - start >= 2.0  # waited for the lease to go stale instead of failing
+    assert out.complete is True and not os.path.exists(lease)
+    ((timeout, previous),) = held
+    assert timeout == 3.0 and previous["host"] == "preempted-vm"
+
+    # a live holder, refreshing its lease: the dump watches it, then fails naming it
+    busy = plan("busy")
+    live = acquire(Lease(busy.store_uri, timeout_s=3.0))
+    try:
+        with pytest.raises(StoreBusyError, match="being written by another dump"):
+            dump(busy, lease_timeout_s=3.0)
+        assert os.listdir(busy.store_uri) == ["lease.json"]  # the refused dump wrote nothing
+    finally:
+        live.release()
+
+
 def test_verify_passes_a_good_store_and_fails_a_damaged_one(work, dumped, tmp_path):
     import shutil
 
@@ -155,6 +210,49 @@ def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path
     assert os.listdir(os.path.join(model.uri, "tensorboard"))  # event files
     page = open(report.path).read()
     assert "data:image/png;base64," in page and "held-out cross-entropy" in page
+
+
+def test_train_allows_another_tokenizer_only_when_asked(tmp_path):
+    """allow_tokenizer_mismatch reaches the training: a student whose tokenizer.json differs from the store's
+    is refused by default and trained when allowed, in a folder of its own (the flag is in the train key
+    only when set, so earlier folders keep their keys)."""
+    from dump_helpers import write_corpus
+    from logit_distill.errors import InputError
+    from logit_distill.train.key import train_output
+    from test_train_helpers import make_model_dir, write_teacher_store
+
+    teacher = make_model_dir(str(tmp_path / "teacher"), seed=1)
+    student = make_model_dir(str(tmp_path / "student"), seed=2)
+    with open(os.path.join(student, "tokenizer.json")) as f:
+        tok = json.load(f)
+    vocab = tok["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    with open(os.path.join(student, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    store_uri = str(tmp_path / "store")
+    write_teacher_store(store_uri, teacher, write_corpus(tmp_path / "corpus.jsonl", num_docs=40), seq_len=16,
+                        top_k=8, examples_per_step=4)
+    root = str(tmp_path / "out")
+
+    def train(**kwargs):
+        model = Model(uri=str(tmp_path / "model"))
+        components.train_offline_student.train_offline_student(
+            store=Dataset(uri=store_uri), student=student, num_steps=1, batch_size=4, model=model,
+            metrics=Metrics(uri=str(tmp_path / "m")), report=HTML(uri=str(tmp_path / "r.html")), output_root=root,
+            **kwargs)
+        return model
+
+    with pytest.raises(InputError, match="another tokenizer.*allow-tokenizer-mismatch"):
+        train()
+    model = train(allow_tokenizer_mismatch=True)
+    settings = model.metadata["settings"]
+    assert settings["allow_tokenizer_mismatch"] is True
+    assert model.uri == train_output(root, store_uri, settings)
+    plain = {k: v for k, v in settings.items() if k != "allow_tokenizer_mismatch"}
+    assert model.uri != train_output(root, store_uri, plain)
+    with open(os.path.join(model.uri, "hf", "tokenizer.json"), "rb") as a, \
+            open(os.path.join(student, "tokenizer.json"), "rb") as b:
+        assert a.read() == b.read()  # the export ships the student's tokenizer
 
 
 def test_components_compile_on_a_pinned_image_without_pip():

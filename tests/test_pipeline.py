@@ -121,6 +121,31 @@ def test_compiled_yaml_is_a_pipeline_spec_with_the_dag(name):
     assert ":latest" not in images
 
 
+def test_compiled_pipelines_carry_the_lease_timeout_and_the_tokenizer_switch():
+    """lease_timeout_s (the dump's lease) and allow_tokenizer_mismatch (the training) are pipeline
+    parameters with their defaults, fed to the dump task and to both training tasks."""
+    for name in compile_mod.OUTPUTS.values():
+        d = _spec(name)
+        root = d["root"]["inputDefinitions"]["parameters"]
+        allow = root["allow_tokenizer_mismatch"]
+        assert (allow["parameterType"], allow["defaultValue"]) == ("BOOLEAN", False), name
+        tasks = _tasks(d)
+        for task in ("train-offline-student", "train-ce-baseline"):
+            fed = tasks[task]["inputs"]["parameters"]["allow_tokenizer_mismatch"]
+            assert fed["componentInputParameter"].endswith("allow_tokenizer_mismatch"), (name, task)
+        if name == "logit_distill_from_store.yaml":
+            assert "lease_timeout_s" not in root  # no dump
+            continue
+        lease = root["lease_timeout_s"]
+        assert (lease["parameterType"], lease["defaultValue"]) == ("NUMBER_DOUBLE", 120.0), name
+        assert "stale" in lease["description"]
+        fed = tasks["dump-teacher-topk"]["inputs"]["parameters"]["lease_timeout_s"]
+        assert fed["componentInputParameter"].endswith("lease_timeout_s"), name
+    component = yaml.safe_load(open(os.path.join(COMPILED, "components", "dump_teacher_topk.yaml")))
+    (spec,) = component["components"].values()
+    assert spec["inputDefinitions"]["parameters"]["lease_timeout_s"]["defaultValue"] == 120.0
+
+
 def _custom_job_inputs(d: dict, task: str) -> dict:
     return _tasks(d)[task]["inputs"]["parameters"]
 
@@ -226,13 +251,17 @@ def test_submit_dry_run_builds_the_job_offline(tmp_path):
 
     job, values, path, spec = submit.build_job(
         project="proj", region="us-central1", pipeline_root="gs://bucket/root", image=IMAGE, cpu_image=CPU_IMAGE,
-        params=REQUIRED + ["top_k=32", "ce_baseline=true", "learning_rate=0.001"], labels={"team": "distill"},
+        params=REQUIRED + ["top_k=32", "ce_baseline=true", "learning_rate=0.001", "lease_timeout_s=300",
+                           "allow_tokenizer_mismatch=yes"], labels={"team": "distill"},
         credentials=AnonymousCredentials(), work_dir=str(tmp_path))
     runtime = job._gca_resource.runtime_config
     assert runtime.gcs_output_directory == "gs://bucket/root"
     assert values == {"teacher": "gs://bucket/teacher", "data": "gs://bucket/data/*.array_record",
                       "student": "gs://bucket/student", "output_root": "gs://bucket/out", "num_steps": 1000,
-                      "top_k": 32, "ce_baseline": True, "learning_rate": 0.001, "job_labels": {"team": "distill"}}
+                      "top_k": 32, "ce_baseline": True, "learning_rate": 0.001, "lease_timeout_s": 300.0,
+                      "allow_tokenizer_mismatch": True, "job_labels": {"team": "distill"}}
+    assert runtime.parameter_values["lease_timeout_s"] == 300.0
+    assert runtime.parameter_values["allow_tokenizer_mismatch"] is True
     assert dict(job._gca_resource.labels)["team"] == "distill"
     with open(path) as f:
         text = f.read()
@@ -267,6 +296,10 @@ def test_submit_dry_run_builds_the_job_offline(tmp_path):
     (["--image", IMAGE, "nonsense=1"], "unknown parameter 'nonsense'"),
     (["--image", IMAGE, "--labels", "Team=X"], "--labels"),
     (["--image", IMAGE, "register_model=true"], "needs serving_image"),
+    (["--image", IMAGE, "lease_timeout_s=5"], "lease_timeout_s=5.0 is below its minimum 10"),
+    (["--image", IMAGE, "lease_timeout_s=nan"], "lease_timeout_s=nan is not a finite number"),
+    (["--image", IMAGE, "lease_timeout_s=1e9"], "lease_timeout_s=1000000000.0 is above its maximum 3600"),
+    (["--image", IMAGE, "allow_tokenizer_mismatch=perhaps"], "allow_tokenizer_mismatch='perhaps' is not a valid bool"),
     (["--image", IMAGE, "--project", ""], "--project is empty"),
 ])
 def test_submit_refuses_bad_input_in_one_line(args, message, capsys):

@@ -70,6 +70,7 @@ class DumpConfig:
     tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
     force_takeover: bool = False  # take over a stale lease (docs/FORMAT.md, "Lease")
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    wait_for_stale_lease: bool = False  # with force_takeover: wait for a lease not yet stale to go stale, once
 
 
 @dataclasses.dataclass
@@ -145,6 +146,8 @@ def _check_settings(config: DumpConfig) -> None:
                          f"--tail-temperatures {list(config.tail_temperatures)}")
     if config.selection == "topk" and config.proposal_temperature != 1.0:
         raise InputError("--proposal-temperature applies to --selection sampled")
+    if not (math.isfinite(float(config.lease_timeout_s)) and float(config.lease_timeout_s) > 0):
+        raise InputError(f"--lease-timeout must be finite and > 0 seconds, got {config.lease_timeout_s}")
     for name in ("model_parallel", "device_batch", "vocab_chunk"):
         value = getattr(config, name)
         if value is not None and value < 1:
@@ -446,7 +449,8 @@ def run_dump(config: DumpConfig) -> DumpResult:
     lease = None
     process, _ = _process_info()
     if process == 0:  # process 0 holds the store's lease for every process of the job (the others never look)
-        lease = Lease(config.output, timeout_s=config.lease_timeout_s, force_takeover=config.force_takeover)
+        lease = Lease(config.output, timeout_s=config.lease_timeout_s, force_takeover=config.force_takeover,
+                      wait_for_stale=config.wait_for_stale_lease)
         lease.acquire()  # before the teacher loads: a second dump refuses at once, not after minutes of loading
     had_manifest = lease is None or paths.exists(paths.join(config.output, manifest_mod.MANIFEST_NAME))
     try:

@@ -15,7 +15,11 @@ this host that no longer runs. A lease not refreshed for ``timeout_s``
 (default 120 s, recorded in the lease by its holder) is stale: it may belong to
 a dead machine, and ``--force-takeover`` takes it over (atomically: a rename
 locally, a generation-matched upload on GCS; of two takers one wins). A holder
-whose refresh finds the lease taken stops at its next step.
+whose refresh finds the lease taken stops at its next step. With
+``wait_for_stale`` (the pipeline's dump: a retry may start before a preempted
+attempt's lease is stale), a taker that finds a lease not yet stale waits until
+it would be, once, then judges it again: refreshed meanwhile, its holder lives
+and the taker is refused; not refreshed, it is stale and taken over.
 
 Because only the holder writes, the temporary files found in a store by the
 dump that has just acquired its lease belong to writers that are dead (or, after
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -209,13 +214,15 @@ def _parse(data: bytes, where: str) -> dict:
 class Lease:
     """The lease of one dump on ``store_uri``; ``acquire()``, then ``release()`` (or use ``with``)."""
 
-    def __init__(self, store_uri: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, force_takeover: bool = False):
+    def __init__(self, store_uri: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, force_takeover: bool = False,
+                 wait_for_stale: bool = False):
         if not timeout_s > 0:
             raise StoreBusyError(f"--lease-timeout must be > 0 seconds, got {timeout_s}")
         self.uri = paths.join(store_uri, LEASE_NAME)
         self.store_uri = store_uri
         self.timeout_s = float(timeout_s)
         self.force_takeover = force_takeover
+        self.wait_for_stale = wait_for_stale  # with force_takeover: wait for a lease to go stale, once
         self._backend = _Local(paths.local_path(self.uri)) if paths.is_local(self.uri) else _GCS(self.uri)
         self.record = {
             "holder": f"process {os.getpid()} on {socket.gethostname()}",
@@ -248,13 +255,30 @@ class Lease:
                 f"{self.store_uri} has a stale lease of {describe(record)}, not refreshed for {age:.0f} s "
                 f"(timeout {timeout:.0f} s); if that dump is gone, re-run with --force-takeover")
 
+    def _wait_before_judging(self, record: dict, refreshed_at: float) -> float:
+        """Seconds until ``record`` would be stale, when this taker waits for that (else 0). At most its
+        timeout: a holder whose clock runs ahead of ours is judged, and refused, after one timeout."""
+        if not (self.force_takeover and self.wait_for_stale) or holder_is_dead(record):
+            return 0.0
+        timeout = float(record.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        left = refreshed_at + timeout - time.time()
+        return min(left, timeout) + 0.5 if math.isfinite(left) and left >= 0 else 0.0
+
     def acquire(self) -> "Lease":
+        waited = False
         for _ in range(5):
             if self._backend.create(self._bytes()):
                 break
             record, version, refreshed_at = self._backend.read()
             if record is None:
                 continue  # released meanwhile: try again
+            wait = 0.0 if waited else self._wait_before_judging(record, refreshed_at)
+            if wait:
+                log.warning("%s: the lease of %s is not stale yet; waiting %.0f s to see whether it is refreshed",
+                            self.store_uri, describe(record), wait)
+                time.sleep(wait)
+                waited = True
+                continue  # judged again: refreshed meanwhile (its holder lives), it is refused
             self._refusal(record, refreshed_at)
             if self._backend.take(version, self._bytes()):
                 self.previous = record
