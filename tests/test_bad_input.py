@@ -917,17 +917,11 @@ def test_verify_data_trusts_no_cache(values_setup):
 def tokenizer_setup(tmp_path_factory):
     """A teacher and its dumped store; a student whose tokenizer.json has the same size but two ids
     swapped (a different tokenizer of the same vocabulary size)."""
-    from test_train_helpers import make_model_dir, write_teacher_store
+    from test_train_helpers import make_model_dir, swap_tokenizer_ids, write_teacher_store
 
     root = tmp_path_factory.mktemp("tokenizer")
     teacher = make_model_dir(str(root / "teacher"), seed=1)
-    student = make_model_dir(str(root / "student"), seed=2)
-    with open(os.path.join(student, "tokenizer.json")) as f:
-        tok = json.load(f)
-    vocab = tok["model"]["vocab"]
-    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
-    with open(os.path.join(student, "tokenizer.json"), "w") as f:
-        json.dump(tok, f)
+    student = swap_tokenizer_ids(make_model_dir(str(root / "student"), seed=2))
     data = write_corpus(root / "corpus.jsonl", num_docs=40)
     store = str(root / "store")
     write_teacher_store(store, teacher, data, seq_len=16, top_k=8, examples_per_step=4)

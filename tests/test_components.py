@@ -219,16 +219,10 @@ def test_train_allows_another_tokenizer_only_when_asked(tmp_path):
     from dump_helpers import write_corpus
     from logit_distill.errors import InputError
     from logit_distill.train.key import train_output
-    from test_train_helpers import make_model_dir, write_teacher_store
+    from test_train_helpers import make_model_dir, swap_tokenizer_ids, write_teacher_store
 
     teacher = make_model_dir(str(tmp_path / "teacher"), seed=1)
-    student = make_model_dir(str(tmp_path / "student"), seed=2)
-    with open(os.path.join(student, "tokenizer.json")) as f:
-        tok = json.load(f)
-    vocab = tok["model"]["vocab"]
-    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
-    with open(os.path.join(student, "tokenizer.json"), "w") as f:
-        json.dump(tok, f)
+    student = swap_tokenizer_ids(make_model_dir(str(tmp_path / "student"), seed=2))
     store_uri = str(tmp_path / "store")
     write_teacher_store(store_uri, teacher, write_corpus(tmp_path / "corpus.jsonl", num_docs=40), seq_len=16,
                         top_k=8, examples_per_step=4)

@@ -38,6 +38,20 @@ def make_model_dir(out_dir: str, *, seed: int, init_range: float = 0.02, vocab_s
     return out_dir
 
 
+def swap_tokenizer_ids(model_dir: str, a: str = "a", b: str = "b") -> str:
+    """Swap two ids of ``model_dir``'s tokenizer.json: another tokenizer of the same vocabulary size."""
+    import json
+
+    path = os.path.join(model_dir, "tokenizer.json")
+    with open(path) as f:
+        tok = json.load(f)
+    vocab = tok["model"]["vocab"]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    with open(path, "w") as f:
+        json.dump(tok, f)
+    return model_dir
+
+
 def write_teacher_store(uri: str, teacher_dir: str, data_path: str, *, seq_len: int, top_k: int,
                         examples_per_step: int, codec: str = "exact", steps_per_file: int = 2) -> dict:
     """A complete store of the teacher over the data, written by the real dump; return its manifest."""
