@@ -84,7 +84,8 @@ def explain(key: str, d: dict, results: dict) -> str:
     if key == "selection_overhead_ratio":
         return (f"bench teacher on [1, {d['seq_len']}], k={d['top_k']}: forward + top-k + tail "
                 f"{_s(d['forward_topk'])} vs forward + logsumexp {_s(d['forward_logsumexp'])}. Limit: "
-                "`lax.top_k` over 32k logits and the second (masked) logsumexp for the tail, on CPU.")
+                "the block top-k (a max pass over 32k logits and two small `top_k`s) and one more pass for the tail, "
+                "on CPU.")
     if key == "bytes_per_entry":
         return (f"default codec, whole store / (positions x k) at vocab {d['vocab_size']} ({d['id_bits']}-bit ids), "
                 f"{d['layout']}; same records: exact {d['bytes_per_entry_exact']:.3f}, reference float32 + int64 "
@@ -138,8 +139,10 @@ def explain(key: str, d: dict, results: dict) -> str:
                 f"{d['device_batch']}) over a {d['matmul']['size']}^3 {d['dtype']} matmul's FLOPs/s, alternated in one "
                 f"process: {d['teacher_gflops_per_s']:.0f} vs {d['matmul_gflops_per_s']:.0f} GFLOP/s "
                 f"(step {_s(d['teacher_step'])}, {d['tokens_per_s']:.0f} tokens/s; attention FLOPs counted causal). "
-                "Limit: on CPU, attention's softmax over 64-wide heads (exp and masking cost as much as the "
-                "score matmuls) and `lax.top_k` over 32k logits per position, neither of them FLOPs.")
+                "Limit: on CPU, attention (about 1 s of the 4096 step at ~135 GFLOP/s: XLA runs the score "
+                "matmul, the mask, the max, the exponentials and the value matmul as separate passes over "
+                "[rows, keys] blocks, memory-bound; key-tiled (flash) and per-head variants measured no faster) "
+                "and the top-k selection's passes over the [L, 32k] logits, neither of them FLOPs.")
     if key == "attention_temp_bytes_ratio_8192_over_2048":
         return (f"XLA's compiled memory analysis of the dump's teacher step (bench teacher, batch 1, attention "
                 f"`{d['attention']}`): temporaries {d['temp_bytes_8192'] / 2**20:.0f} MiB at L=8192 vs "
