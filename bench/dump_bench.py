@@ -95,8 +95,8 @@ def dump(size: dict, want: set) -> dict:
 
         def finish(item):
             step, local, out = item
+            compute.nonfinite(out)  # run_dump's finite check: scalars over the whole batch
             records = compute.fetch(out)
-            records.pop(compute.nonfinite_key)  # run_dump checks it, then drops it
             if keep:
                 records.update(local)
                 records["example_index"] = np.arange(step * B, (step + 1) * B, dtype=np.int64)

@@ -13,6 +13,10 @@ each process writes its own chunks. Every process lists the same committed
 chunks after a barrier, so all agree on which steps run; a process whose
 chunk for a range already exists computes along (the forward is SPMD) but
 writes nothing.
+
+Every process checks every step's teacher output for NaN/inf (scalars
+reduced over the whole batch inside the step): a bad example of any process
+stops all of them at that step with the same error.
 """
 
 from __future__ import annotations
@@ -386,7 +390,7 @@ class _Compute:
         else:
             self.fn = make_teacher_topk(apply, config.top_k, mesh=mesh, tail_temperatures=config.tail_temperatures,
                                         device_batch=self.device_batch, **split)
-        # NaN/inf check of every log-prob, fused into the same jitted step (one reduction)
+        # NaN/inf check of every log-prob, fused into the same jitted step: scalars over the whole batch
         self.fn = with_finite_check(self.fn)
         self.nonfinite_key = NONFINITE_KEY
         self.num_processes = jax.process_count()
@@ -407,11 +411,12 @@ class _Compute:
                 self.batch_sharding, np.asarray(example_index, np.int32)))
         return self.fn(self.params, *args)
 
-    @staticmethod
-    def fetch(out: dict) -> dict:
-        """This process's rows of the outputs, as numpy (waits for the compute)."""
+    def fetch(self, out: dict) -> dict:
+        """This process's rows of the outputs (all but the finite check), as numpy (waits for the compute)."""
         result = {}
         for key, arr in out.items():
+            if key == self.nonfinite_key:
+                continue
             shards = sorted(arr.addressable_shards, key=lambda s: s.index[0].start or 0)
             seen, parts = set(), []
             for s in shards:
@@ -421,6 +426,17 @@ class _Compute:
                     parts.append(np.asarray(s.data))
             result[key] = np.concatenate(parts, axis=0)
         return result
+
+    def nonfinite(self, out: dict) -> tuple[int, int, int]:
+        """The step's finite check, the same on every process: (examples of the whole batch with a
+        NaN/inf log-prob, the first one's row in the batch, its first bad position); -1 for none.
+        Waits for the compute."""
+        return tuple(int(_replicated(x)) for x in out[self.nonfinite_key])
+
+
+def _replicated(arr) -> np.ndarray:
+    """A replicated output (every device holds all of it) as numpy, from this process's first device."""
+    return np.asarray(arr.addressable_shards[0].data)
 
 
 # ----------------------------------------------------------------- the dump
@@ -526,16 +542,15 @@ def _run_dump_leased(config: DumpConfig, teacher, source, manifest, lease, t_sta
         def finish(item):
             nonlocal first_step_at
             step, local, out = item
+            # Every process checks every step (its own and the others'): all stop at the same step.
+            _refuse_nonfinite(step, *compute.nonfinite(out), B)
             if step in mine:
                 records = compute.fetch(out)
-                _refuse_nonfinite(step, records.pop(compute.nonfinite_key), step * B + process * b)
                 records.update(local)
                 records["example_index"] = np.arange(step * B + process * b, step * B + (process + 1) * b)
                 writer.submit(step, records)
                 if first_step_at is None:
                     first_step_at = time.perf_counter()
-            else:
-                compute.fetch(out)  # keep in step with the other processes
 
         try:
             with StopOnSignal() as stop:
@@ -636,20 +651,19 @@ def _result(uri: str, manifest: dict, present: int, chunks_written: int, steps_r
     return result
 
 
-def _refuse_nonfinite(step: int, first_bad: np.ndarray, first_example: int) -> None:
+def _refuse_nonfinite(step: int, bad_examples: int, row: int, position: int, examples_per_step: int) -> None:
     """Raise NonFiniteError if any example of the step has a NaN/+inf log-prob or tail.
 
-    ``first_bad`` is the on-device check's ``[b]`` first bad position per example (-1: none).
-    Called before the step is handed to the writer: nothing of it is written, and the
+    The arguments after ``step`` are the on-device check's scalars over the whole batch of the
+    step (``_Compute.nonfinite``), the same on every process: each raises the same error at the
+    same step. Called before the step is handed to the writer: nothing of it is written, and the
     chunk it belongs to is dropped (chunks committed before it are kept).
     """
-    rows = np.flatnonzero(first_bad >= 0)
-    if rows.size:
-        i = int(rows[0])
+    if bad_examples:
         raise NonFiniteError(
             f"the teacher's log-probs are not finite (NaN or inf) at step {step}, example "
-            f"{first_example + i}, position {int(first_bad[i])} ({rows.size} of {first_bad.size} examples "
-            "of the step); nothing of this step was written; check the teacher's weights for NaN/inf "
+            f"{step * examples_per_step + row}, position {position} ({bad_examples} of {examples_per_step} "
+            "examples of the step); nothing of this step was written; check the teacher's weights for NaN/inf "
             "(or use --dtype float32 if bfloat16 overflows)"
         )
 

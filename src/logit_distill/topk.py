@@ -434,7 +434,7 @@ def make_teacher_lse(apply: Callable) -> Callable:
     return teacher_lse
 
 
-NONFINITE_KEY = "nonfinite_position"
+NONFINITE_KEY = "nonfinite"
 
 
 def _first_nonfinite(out: dict) -> jax.Array:
@@ -451,19 +451,34 @@ def _first_nonfinite(out: dict) -> jax.Array:
     return jnp.where(jnp.any(bad, axis=-1), first, jnp.int32(-1))
 
 
-def with_finite_check(fn: Callable) -> Callable:
-    """``fn`` (a teacher selection: arrays ``[B, L, ...]``) whose output also holds
-    ``nonfinite_position`` (see ``_first_nonfinite``).
+def _nonfinite_summary(first: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Three int32 scalars from the ``[B]`` first bad positions: the number of bad examples, the row
+    of the first (-1: none) and its first bad position (-1: none). Reductions over the batch axis:
+    on a mesh that splits the batch (over processes too) they are an all-reduce, and every device
+    holds the same scalars."""
+    B = first.shape[0]
+    bad = first >= 0
+    rows = jnp.arange(B, dtype=jnp.int32)
+    row = jnp.min(jnp.where(bad, rows, jnp.int32(B)))
+    position = jnp.max(jnp.where(rows == row, first, jnp.int32(-1)))
+    return jnp.sum(bad, dtype=jnp.int32), jnp.where(row < B, row, jnp.int32(-1)), position
 
-    One reduction over the selection's output, traced into the same jitted program (the
-    inner jit is inlined; on a mesh the batch axis stays sharded, so each device reduces
-    its own rows): only ``[B]`` int32 more leaves the device, and the dump refuses a step
-    before anything of it is written (a NaN weight in a teacher gives NaN logits).
+
+def with_finite_check(fn: Callable) -> Callable:
+    """``fn`` (a teacher selection: arrays ``[B, L, ...]``) whose output also holds, under
+    ``NONFINITE_KEY``, the replicated scalars of ``_nonfinite_summary``: the examples of the whole
+    batch with a NaN/+inf log-prob, the first one's row and its first bad position.
+
+    Reductions over the selection's output, traced into the same jitted program (the inner jit
+    is inlined; on a mesh each device reduces its own rows, then one all-reduce of scalars): three
+    int32 scalars more leave the device, every process of a multi-host job reads the same ones, and
+    the dump refuses a step on every process before anything of it is written (a NaN weight in a
+    teacher gives NaN logits).
     """
 
     @jax.jit
     def checked(*args):
         out = fn(*args)
-        return {**out, NONFINITE_KEY: _first_nonfinite(out)}
+        return {**out, NONFINITE_KEY: _nonfinite_summary(_first_nonfinite(out))}
 
     return checked
