@@ -711,10 +711,12 @@ def _nan_teacher(src: str, dst: str) -> str:
     return dst
 
 
-def test_nan_teacher_writes_no_chunk(values_setup, tmp_path, capsys):
+@pytest.mark.parametrize("options", [{}, {"sharding": "fsdp+tensor", "selection": "sampled", "samples": 4}],
+                         ids=["topk", "fsdp+tensor-sampled"])
+def test_nan_teacher_writes_no_chunk(values_setup, tmp_path, capsys, options):
     teacher = _nan_teacher(values_setup["teacher"], str(tmp_path / "nan-teacher"))
     out = tmp_path / "store"
-    rc, err = run_cli_err(capsys, *dump_args(teacher, values_setup["data"], out, num_steps=4))
+    rc, err = run_cli_err(capsys, *dump_args(teacher, values_setup["data"], out, num_steps=4, **options))
     line = one_line_error(err, "dump")
     assert rc == 3, err
     assert "not finite" in line and "step 0, example 0, position" in line, line

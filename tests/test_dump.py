@@ -15,6 +15,7 @@ from dump_helpers import chunk_bytes, cli, dump_args, store_files, teacher_dir, 
 from logit_distill import codec, paths, store
 from logit_distill.dump import DumpConfig, run_dump
 from logit_distill.errors import ConfigMismatchError, InputError
+from logit_distill.store.chunks import parse_chunk_name
 
 
 @pytest.fixture(scope="module")
@@ -262,15 +263,40 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _multihost(setup, out):
+def _start_multihost(teacher, data, out, logs, num_steps=6, **settings):
+    """Start the 2 processes of a CPU dump; their stdout and stderr go to files under ``logs``."""
     script = os.path.join(os.path.dirname(__file__), "multihost_dump.py")
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, script, port, str(i), "2", setup["teacher"], setup["data"], out],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
-    return outputs
+    procs = []
+    for i in range(2):
+        args = [sys.executable, script, port, str(i), "2", teacher, data, out, str(num_steps), json.dumps(settings)]
+        with open(logs / f"p{i}.out", "w") as so, open(logs / f"p{i}.err", "w") as se:
+            procs.append(subprocess.Popen(args, stdout=so, stderr=se, text=True))
+    return procs
+
+
+def _wait_multihost(procs, logs, timeout):
+    """Wait for both processes at most ``timeout`` s (then kill them); (exit codes, stdouts, stderrs)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    read = lambda name: [(logs / f"p{i}.{name}").read_text() for i in range(len(procs))]  # noqa: E731
+    return [p.returncode for p in procs], read("out"), read("err")
+
+
+def _multihost(setup, out):
+    logs = out + "-logs"
+    os.makedirs(logs, exist_ok=True)
+    from pathlib import Path
+
+    procs = _start_multihost(setup["teacher"], setup["data"], out, Path(logs))
+    codes, outs, errs = _wait_multihost(procs, Path(logs), 300)
+    assert codes == [0, 0], (outs, errs)
+    return outs
 
 
 def test_two_processes_write_their_own_chunks_and_resume_together(setup, tmp_path):
@@ -288,3 +314,72 @@ def test_two_processes_write_their_own_chunks_and_resume_together(setup, tmp_pat
     assert "process 0: complete=True written=0" in logs[0]
     assert "process 1: complete=True written=1" in logs[1]
     assert chunk_bytes(out) == before
+
+
+def _marked_corpus(path):
+    """60 short documents (under 32 tokens), each starting with a character of its own (one token, in
+    no word): with --no-packing, one document per example, each example holds a token no other has."""
+    import string
+
+    from dump_helpers import WORDS
+
+    rng = random.Random(0)
+    markers = string.ascii_uppercase + string.digits + "!#$%&*+,-./:;<=>?@[]^_{|}~"
+    path.write_text("".join(json.dumps({"text": " ".join([m] + [rng.choice(WORDS) for _ in range(3)])}) + "\n"
+                            for m in markers[:60]))
+    return str(path)
+
+
+def _token_of_one_example(teacher, data, owner, steps=(2, 3), B=4, num_processes=2, num_steps=6):
+    """(token id, global example index): a token that appears in one example of the dump only, an
+    example of process ``owner`` at one of ``steps`` (--no-packing)."""
+    from logit_distill.data import ExampleSource
+
+    source = ExampleSource.open(data, teacher, seq_len=32, packing=False, seed=0)
+    tokens = source.batch(range(num_steps * B))["tokens"]
+    b = B // num_processes
+    for token in np.unique(tokens):
+        rows = np.flatnonzero((tokens == token).any(-1))
+        if len(rows) == 1 and rows[0] // B in steps and rows[0] % B // b == owner:
+            return int(token), int(rows[0])
+    raise AssertionError(f"no token of one example of process {owner} at steps {steps}")
+
+
+def _nan_embedding_teacher(src, dst, token):
+    """A copy of the (untied) checkpoint ``src`` whose embedding of ``token`` is NaN: only the
+    examples holding ``token`` get NaN log-probs."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"].copy()
+    weights["model.embed_tokens.weight"][token] = np.nan
+    save_file(weights, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("owner,settings", [
+    (1, {}),
+    (0, {"sharding": "fsdp+tensor", "selection": "sampled", "samples": 4}),
+], ids=["process1-topk", "process0-fsdp+tensor-sampled"])
+def test_two_processes_stop_together_on_a_nan_of_either(setup, tmp_path, owner, settings):
+    """A NaN in an example of one process stops both at that step: exit 3, the same one line."""
+    data = _marked_corpus(tmp_path / "marked.jsonl")
+    clean = teacher_dir(setup["root"], preset="tiny-llama3")
+    token, example = _token_of_one_example(clean, data, owner)
+    teacher = _nan_embedding_teacher(clean, str(tmp_path / "nan-teacher"), token)
+    out = str(tmp_path / "multi")
+    t0 = time.time()
+    procs = _start_multihost(teacher, data, out, tmp_path, packing=False, **settings)
+    codes, outs, errs = _wait_multihost(procs, tmp_path, 120)
+    assert time.time() - t0 < 120 and codes == [3, 3], (codes, outs, errs)
+    lines = [[line for line in err.splitlines() if line.startswith("logit-distill dump: error: ")] for err in errs]
+    assert all(len(found) == 1 for found in lines) and lines[0] == lines[1], errs
+    assert "Traceback" not in errs[0] + errs[1]
+    step = example // 4
+    assert f"not finite (NaN or inf) at step {step}, example {example}, position " in lines[0][0], lines
+    # The chunks of steps 0-1 committed before the bad step stay; nothing of its chunk was written.
+    chunks = [parse_chunk_name(n) for n in os.listdir(out) if n.startswith("chunk-")]
+    assert sorted((c.process, c.start, c.end) for c in chunks) == [(0, 0, 2), (1, 0, 2)], chunks
