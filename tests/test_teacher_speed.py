@@ -32,11 +32,11 @@ def _model(name):
     return build_model(cfg, init_params(cfg, 0, "float32"))
 
 
-def _packed_batch(vocab, L=48, seed=0):
-    """Row 0: three packed documents and padding; row 1: one document and padding."""
+def _packed_batch(vocab, L=48, seed=0, lengths=((1, 13), (2, 20), (3, 9)), row1=40):
+    """Row 0: three packed documents (segment, length) and padding; row 1: one document of ``row1``
+    tokens at positions from 100, and padding."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, vocab, (2, L)).astype(np.int32)
-    lengths = [(1, 13), (2, 20), (3, 9)]
     seg = np.zeros((2, L), np.int32)
     pos = np.zeros((2, L), np.int32)
     at = 0
@@ -44,8 +44,8 @@ def _packed_batch(vocab, L=48, seed=0):
         seg[0, at:at + n] = s
         pos[0, at:at + n] = np.arange(n)
         at += n
-    seg[1, :40] = 1
-    pos[1, :40] = np.arange(40) + 100
+    seg[1, :row1] = 1
+    pos[1, :row1] = np.arange(row1) + 100
     return tokens, pos, seg
 
 
@@ -78,11 +78,27 @@ def test_pallas_gpu_kernel_matches_dense(name, monkeypatch):
     assert np.abs(got - _logits(m, "dense", batch))[real].max() <= 1e-5
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_splash_attention_matches_dense(name, monkeypatch):
+    """jax's splash attention (TPU) in interpret mode, every family: Gemma 3's sliding windows and both
+    softcaps run in the kernel too. Padding rows attend to each other there: finite, not compared."""
+    monkeypatch.setattr(attention_mod, "SPLASH_BLOCK", 128)  # the kernel's smallest block: 2 blocks
+    monkeypatch.setattr(attention_mod, "_INTERPRET", True)
+    m = _model(name)
+    batch = _packed_batch(m.vocab_size, L=256, lengths=[(1, 70), (2, 100), (3, 60)], row1=230)
+    got = _logits(m, "pallas_tpu", batch)
+    assert np.isfinite(got).all()
+    real = batch[2] > 0
+    assert np.abs(got - _logits(m, "dense", batch))[real].max() <= 1e-5
+
+
 def test_auto_attention_choice():
     r = attention_mod.resolve_attention
     assert r("auto", L=256, backend="cpu") == "dense"
     assert r("auto", L=4096, backend="cpu") == "blocked"
     assert r("auto", L=4096, backend="gpu") == "pallas_gpu"
+    assert r("auto", L=4096, backend="tpu") == "pallas_tpu"
+    assert r("auto", L=100, backend="tpu") == "dense"
     assert r("auto", L=100, backend="gpu") == "dense"
     assert r("dense", L=4096, backend="gpu") == "dense"
     with pytest.raises(InputError, match="unknown attention"):

@@ -62,7 +62,7 @@ class DumpConfig:
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
     sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor
     model_parallel: int | None = None  # devices of the mesh's model axis (tensor modes; default: all)
-    attention: str = "auto"  # auto | dense | blocked | pallas_gpu (models/attention.py)
+    attention: str = "auto"  # auto | dense | blocked | pallas_gpu | pallas_tpu (models/attention.py)
     device_batch: int | None = None  # examples per kernel on each device (default: per backend)
     vocab_chunk: int | None = None  # vocabulary entries per chunk of the selection (default 32768)
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
@@ -729,9 +729,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--model-parallel", type=int, default=None,
                    help="devices of the model axis with --sharding tensor/fsdp+tensor (default: all the "
                         "devices of one host); the rest of the devices split the batch")
-    p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu"], default="auto",
-                   help="attention implementation (default auto: the Pallas flash kernel on GPU, blocked "
-                        "for sequences over 256 tokens, dense otherwise); all agree to float rounding")
+    p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"], default="auto",
+                   help="attention implementation (default auto: the Pallas flash kernel on GPU, splash "
+                        "attention on TPU, blocked for sequences over 256 tokens, dense otherwise); all agree "
+                        "to float rounding")
     p.add_argument("--device-batch", type=int, default=None,
                    help="examples per kernel on each device with --sharding replicate (default: 1 on CPU, "
                         "8 on accelerators, lowered to divide the device's rows); fix it for identical "

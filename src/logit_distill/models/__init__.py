@@ -6,7 +6,7 @@
 - ``init_params`` / ``build_model``: a random student for an HF config.
 - ``save_hf_checkpoint``: config.json + model.safetensors (+ tokenizer) for transformers.
 - ``shard_params``: place params on a mesh (``replicate`` | ``fsdp`` | ``tensor`` | ``fsdp+tensor``).
-- ``attention``: the attention implementations (``dense``, ``blocked``, ``pallas_gpu``, ``auto``).
+- ``attention``: the attention implementations (``dense``, ``blocked``, ``pallas_gpu``, ``pallas_tpu``, ``auto``).
 - ``load_student(dir)``: the Flax NNX student exported by training (``flax_student``,
   docs/STUDENTS.md).
 
