@@ -92,6 +92,26 @@ def test_splash_attention_matches_dense(name, monkeypatch):
     assert np.abs(got - _logits(m, "dense", batch))[real].max() <= 1e-5
 
 
+@pytest.mark.parametrize("impl", ["pallas_gpu", "pallas_tpu"])
+def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
+    """The dump's jitted step (``shard_map`` over the batch, examples one at a time) with each Pallas
+    kernel in interpret mode: the same top-k ids as with ``blocked``, log-probs within 1e-5."""
+    from logit_distill.dump import DumpConfig, _Compute
+
+    monkeypatch.setattr(attention_mod, "_INTERPRET", True)
+    monkeypatch.setattr(attention_mod, "SPLASH_BLOCK", 128)
+    m = _model("qwen3")
+    tokens, pos, seg = _packed_batch(m.vocab_size, L=256, lengths=[(1, 256)], row1=256)
+    out = {}
+    for name in ("blocked", impl):
+        config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=256, batch_size=2, attention=name)
+        compute = _Compute(m, config)
+        out[name] = compute.fetch(compute.dispatch({"tokens": tokens, "positions": pos, "segment_ids": seg},
+                                                   np.arange(2)))
+    np.testing.assert_array_equal(out[impl]["topk_ids"], out["blocked"]["topk_ids"])
+    assert np.abs(out[impl]["topk_logprobs"] - out["blocked"]["topk_logprobs"]).max() <= 1e-5
+
+
 def test_auto_attention_choice():
     r = attention_mod.resolve_attention
     assert r("auto", L=256, backend="cpu") == "dense"
@@ -282,6 +302,8 @@ def test_device_batch_groups_examples_with_the_same_results():
     (["--device-batch", "3"], "--device-batch 3 does not divide the 4 examples each device gets"),
     (["--model-parallel", "2"], "--model-parallel 2 needs --sharding tensor or fsdp+tensor, not replicate"),
     (["--sharding", "tensor", "--model-parallel", "3"], "--model-parallel 3 does not divide the 1 devices"),
+    (["--attention", "pallas_tpu"], "--attention pallas_tpu runs on TPU only, and JAX's backend here is cpu"),
+    (["--attention", "pallas_gpu"], "--attention pallas_gpu runs on GPU only, and JAX's backend here is cpu"),
 ])
 def test_bad_settings_are_one_line_and_create_nothing(tmp_path, capsys, args, message):
     from logit_distill.cli import main

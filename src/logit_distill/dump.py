@@ -451,11 +451,21 @@ def steps_to_run(manifest: dict, scan) -> list[int]:
     return sorted(steps)
 
 
+def _check_backend(config: DumpConfig) -> None:
+    """Settings that depend on the machine the dump runs on (the plan, on a CPU, does not check these)."""
+    import jax
+
+    from .models.attention import check_attention
+
+    check_attention(config.attention, jax.default_backend())
+
+
 def run_dump(config: DumpConfig) -> DumpResult:
     """Dump the teacher's top-k for ``config`` into ``config.output``; resume if it exists."""
     t_start = time.perf_counter()
     outputs.require_nonblank(config.output, "--output")
     _check_settings(config)
+    _check_backend(config)
     inputs = {"--teacher": config.teacher, "--data": config.data, "--tokenizer": config.tokenizer}
     paths.check_inputs_reachable(inputs)  # gs://: one line within seconds, not a minute of retries
     outputs.check_output(config.output, "--output", kind="dir", own_store=True, inputs=inputs)

@@ -42,11 +42,20 @@ _NEG = float(np.finfo(np.float32).min)
 _INTERPRET = False  # run the Pallas kernels in interpret mode (tests on CPU)
 
 
-def check_attention(name: str) -> str:
-    if name not in IMPLEMENTATIONS:
-        from ..errors import InputError
+_KERNEL_BACKENDS = {"pallas_gpu": ("gpu", "cuda", "rocm"), "pallas_tpu": ("tpu",)}
 
+
+def check_attention(name: str, backend: str | None = None) -> str:
+    """``name`` if it is an implementation and, with ``backend``, one that runs there (a Pallas
+    kernel only on its own accelerator, unless in interpret mode)."""
+    from ..errors import InputError
+
+    if name not in IMPLEMENTATIONS:
         raise InputError(f"unknown attention {name!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    if backend is not None and name in _KERNEL_BACKENDS and backend not in _KERNEL_BACKENDS[name] and not _INTERPRET:
+        raise InputError(f"--attention {name} runs on {_KERNEL_BACKENDS[name][0].upper()} only, and JAX's backend "
+                         f"here is {backend}; use --attention auto (it picks the kernel of the backend), blocked "
+                         "or dense")
     return name
 
 
