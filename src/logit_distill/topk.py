@@ -143,12 +143,18 @@ def select_topk(logits: jax.Array, k: int, tail_temperatures: Sequence[float] = 
     logits = logits.astype(jnp.float32)
     scales = (1.0, *(1.0 / float(T) for T in tail_temperatures))
     top_values, top_ids, lse, rest = _top_and_sums(logits, k, scales)
+    return _topk_record(top_values, top_ids, lse, rest)
+
+
+def _topk_record(top_values, top_ids, lse, rest) -> dict:
+    """The selection's fields from the top-k and, per scale (1, then 1/T per tail temperature), the
+    logsumexp of all entries and of those outside the top-k."""
     out = {
         "topk_ids": top_ids.astype(jnp.int32),
         "topk_logprobs": top_values - lse[0][..., None],
         "tail_logprob": rest[0] - lse[0],
     }
-    if tail_temperatures:
+    if len(lse) > 1:
         out["tail_logprob_tempered"] = jnp.stack([r - a for r, a in zip(rest[1:], lse[1:])], axis=-1)
     return out
 
@@ -210,14 +216,7 @@ def select_topk_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int, c
         return lse, rest, top_v, top_i
 
     lse, rest, top_v, top_i = fold_vocab_chunks(head, x, vocab_size, chunk, step)
-    out = {
-        "topk_ids": top_i.astype(jnp.int32),
-        "topk_logprobs": top_v - lse[0][..., None],
-        "tail_logprob": rest[0] - lse[0],
-    }
-    if tail_temperatures:
-        out["tail_logprob_tempered"] = jnp.stack([r - a for r, a in zip(rest[1:], lse[1:])], axis=-1)
-    return out
+    return _topk_record(top_v, top_i, lse, rest)
 
 
 def sample_keys(seed: int, example_index: jax.Array, length: int) -> jax.Array:
