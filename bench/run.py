@@ -114,6 +114,18 @@ def _run_group(group: str, size: dict, want: set) -> dict:
     raise ValueError(group)
 
 
+def _runs_behind(old_meta: dict, measured: set) -> list[dict]:
+    """The earlier runs whose figures a partial run keeps: each with the keys it still provides."""
+    runs = old_meta.get("runs") or [{"command": old_meta.get("command", "?"), "date": old_meta.get("date", "?"),
+                                     "wall_s": old_meta.get("wall_s", 0.0), "keys": sorted(KEYS)}]
+    kept = []
+    for run in runs:
+        keys = [k for k in run["keys"] if k not in measured]
+        if keys:
+            kept.append({**run, "keys": keys})
+    return kept
+
+
 def _meta(args, argv, started: float) -> dict:
     import jax
 
@@ -199,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         meta["errors"] = errors
 
+    this_run = {"command": meta["command"], "date": meta["date"], "wall_s": meta["wall_s"], "keys": sorted(results)}
+    meta["runs"] = [this_run]
     doc = {"meta": meta, **{k: results[k] for k in KEYS if k in results}}
     if args.only and os.path.exists(args.results):  # a subset updates the earlier full results
         try:
@@ -206,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 old = json.load(f)
             merged = {k: v for k, v in old.items() if k != "meta"}
             merged.update({k: v for k, v in doc.items() if k != "meta"})
+            meta["runs"] = _runs_behind(old.get("meta", {}), set(results)) + [this_run]
             doc = {"meta": {**meta, "partial_update_of": old.get("meta", {}).get("date")}, **merged}
         except (OSError, ValueError):
             pass
