@@ -156,7 +156,7 @@ PARAMS: tuple[Param, ...] = (
           "(0: all the devices of a host).", _to(DUMP), min=0, group="dump"),
     Param("attention", str, "auto", "Teacher attention: auto (per backend and sequence length), dense, blocked "
           "(never builds the [L, L] scores; the CPU choice for long sequences), pallas_gpu (the Pallas flash "
-          "kernel; GPU) or pallas_tpu (splash attention; TPU).", _to(DUMP),
+          "kernel; GPU) or pallas_tpu (splash attention; TPU); the kernels with sharding replicate.", _to(DUMP),
           choices=("auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"), group="dump"),
     Param("device_batch", int, 0, "Examples per kernel on each device with sharding replicate; must divide "
           "batch_size / devices (0: the backend's default, 1 on CPU, 8 elsewhere).", _to(DUMP), min=0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -110,6 +111,27 @@ def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
                                                    np.arange(2)))
     np.testing.assert_array_equal(out[impl]["topk_ids"], out["blocked"]["topk_ids"])
     assert np.abs(out[impl]["topk_logprobs"] - out["blocked"]["topk_logprobs"]).max() <= 1e-5
+
+
+def test_dump_attention_per_sharding_mode():
+    """The Pallas kernels run in the replicated mode (inside shard_map); the sharded modes run blocked
+    under auto and refuse an explicit kernel in one line."""
+    from logit_distill.dump import DumpConfig, dump_attention
+
+    def pick(attention, sharding, backend, L=4096):
+        return dump_attention(DumpConfig(teacher="", data="", output="", seq_len=L, attention=attention,
+                                         sharding=sharding), backend)
+
+    assert pick("auto", "replicate", "gpu") == "pallas_gpu"
+    assert pick("auto", "replicate", "tpu") == "pallas_tpu"
+    assert pick("auto", "replicate", "cpu") == "blocked"
+    for sharding in ("fsdp", "tensor", "fsdp+tensor"):
+        assert pick("auto", sharding, "gpu") == "blocked"
+        assert pick("auto", sharding, "tpu", L=128) == "dense"
+        assert pick("dense", sharding, "tpu") == "dense"
+        with pytest.raises(InputError, match=re.escape("--attention pallas_tpu runs with --sharding replicate only") + ".*"
+                           + re.escape(f"with --sharding {sharding} use --attention auto")):
+            pick("pallas_tpu", sharding, "tpu")
 
 
 def test_auto_attention_choice():

@@ -359,7 +359,6 @@ class _Compute:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         from .models import decoder, shard_params
-        from .models.attention import resolve_attention
         from .topk import NONFINITE_KEY, make_teacher_sampled, make_teacher_topk, with_finite_check
 
         self.mesh = dump_mesh(config)
@@ -370,8 +369,8 @@ class _Compute:
         replicated = config.sharding == "replicate"
         rows = config.batch_size // data_devices
         self.device_batch = device_batch_for(config, rows, jax.default_backend()) if replicated else rows
-        self.attention = resolve_attention(config.attention, L=config.seq_len)
-        apply = functools.partial(teacher.apply, attention=config.attention)
+        self.attention = dump_attention(config, jax.default_backend())
+        apply = functools.partial(teacher.apply, attention=self.attention)
         # Replicated teachers run device_batch examples at a time on each device: the same kernel
         # shapes, hence the same bytes, on any number of devices. The sharded modes split the
         # matmuls themselves, so the last bits may differ.
@@ -380,7 +379,7 @@ class _Compute:
         split = {}
         if teacher.config is not None:  # the head and selection over vocabulary chunks
             cfg = teacher.config
-            split = dict(features=functools.partial(decoder.hidden, cfg, attention=config.attention),
+            split = dict(features=functools.partial(decoder.hidden, cfg, attention=self.attention),
                          head=functools.partial(decoder.head_logits, cfg), vocab_size=cfg.vocab_size,
                          vocab_chunk=config.vocab_chunk)
         if self.sampled:
@@ -451,13 +450,31 @@ def steps_to_run(manifest: dict, scan) -> list[int]:
     return sorted(steps)
 
 
+def dump_attention(config: DumpConfig, backend: str) -> str:
+    """The attention implementation the dump runs on ``backend``.
+
+    The Pallas kernels run in the replicated mode only, where each device's examples go through
+    ``shard_map`` as local arrays; the sharded modes hand the model global arrays split over devices,
+    which XLA partitions op by op and a Pallas call does not support, so ``auto`` runs ``blocked``
+    (pure JAX) there and an explicit kernel is refused."""
+    from .models.attention import BLOCK, check_attention, resolve_attention
+
+    name = check_attention(config.attention, backend)
+    if config.sharding == "replicate":
+        return resolve_attention(name, L=config.seq_len, backend=backend)
+    if name in ("pallas_gpu", "pallas_tpu"):
+        raise InputError(f"--attention {name} runs with --sharding replicate only (each device's examples as "
+                         f"local arrays); with --sharding {config.sharding} use --attention auto (blocked there)")
+    if name == "auto":
+        return "blocked" if config.seq_len > BLOCK else "dense"
+    return name
+
+
 def _check_backend(config: DumpConfig) -> None:
     """Settings that depend on the machine the dump runs on (the plan, on a CPU, does not check these)."""
     import jax
 
-    from .models.attention import check_attention
-
-    check_attention(config.attention, jax.default_backend())
+    dump_attention(config, jax.default_backend())
 
 
 def run_dump(config: DumpConfig) -> DumpResult:
@@ -741,8 +758,8 @@ def register_cli(subparsers) -> None:
                         "devices of one host); the rest of the devices split the batch")
     p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"], default="auto",
                    help="attention implementation (default auto: the Pallas flash kernel on GPU, splash "
-                        "attention on TPU, blocked for sequences over 256 tokens, dense otherwise); all agree "
-                        "to float rounding")
+                        "attention on TPU (both with --sharding replicate), blocked for sequences over 256 "
+                        "tokens, dense otherwise); all agree to float rounding")
     p.add_argument("--device-batch", type=int, default=None,
                    help="examples per kernel on each device with --sharding replicate (default: 1 on CPU, "
                         "8 on accelerators, lowered to divide the device's rows); fix it for identical "
