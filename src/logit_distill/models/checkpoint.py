@@ -42,11 +42,6 @@ class LoadedModel:
     config: DecoderConfig | None = None
 
 
-def forward_logits(loaded: LoadedModel, tokens, positions, segment_ids):
-    """``loaded.apply(loaded.params, ...)``: float32 logits [B, L, V]."""
-    return loaded.apply(loaded.params, tokens, positions, segment_ids)
-
-
 def _np_dtype(dtype) -> np.dtype:
     name = str(jnp.dtype(dtype)) if not isinstance(dtype, str) else dtype
     if name not in DTYPES:
@@ -137,7 +132,7 @@ def checkpoint_identity(uri: str, files: list[str] | None = None) -> dict:
     return {"kind": "checkpoint", **body, "fingerprint": fp}
 
 
-def _local_tokenizer(uri: str) -> str | None:
+def local_tokenizer(uri: str) -> str | None:
     tok = paths.join(uri, "tokenizer.json")
     if not paths.exists(tok):
         return None
@@ -178,13 +173,7 @@ def _read_placed(f, uri: str, base: int, name: str, info: dict, dtype: np.dtype,
 
 def read_hf_config(uri: str) -> dict:
     """config.json of a checkpoint; InputError if missing, malformed or of an unsupported family."""
-    cfg_uri = paths.join(uri, "config.json")
-    if not paths.exists(cfg_uri):
-        raise InputError(f"{uri}: no config.json (is this an HF checkpoint directory?)")
-    try:
-        hf_config = json.loads(paths.read_bytes(cfg_uri))
-    except ValueError as e:
-        raise InputError(f"{cfg_uri}: not valid JSON ({e})") from None
+    hf_config = paths.read_json(paths.join(uri, "config.json"), "is this an HF checkpoint directory?")
     family_of(hf_config)  # unsupported architecture -> InputError before anything else
     return hf_config
 
@@ -243,45 +232,9 @@ def load_checkpoint(
         params,
         dtype=str(np_dtype),
         identity=checkpoint_identity(uri, files),
-        tokenizer_path=_local_tokenizer(uri),
+        tokenizer_path=local_tokenizer(uri),
         source=uri,
     )
-
-
-def load_model(spec: str, *, dtype: str = "float32", mesh=None, shard_mode: str = "fsdp") -> LoadedModel:
-    """``spec``: an HF checkpoint directory / URI, or ``preset:NAME`` / ``preset:NAME@SEED``.
-
-    With ``mesh`` each tensor is placed straight onto the mesh (``shard_mode``
-    ``fsdp`` or ``replicate``, see ``models.sharding``) as it is read.
-    """
-    if spec.startswith("preset:"):
-        from .presets import parse_preset_spec, preset_dir
-
-        name, seed = parse_preset_spec(spec)
-        loaded = load_checkpoint(preset_dir(name, seed), dtype=dtype, mesh=mesh, shard_mode=shard_mode)
-        # The weights' fingerprint too: a preset whose definition changes is another teacher.
-        loaded.identity = {"kind": "preset", "preset": name, "seed": seed,
-                           "fingerprint": loaded.identity["fingerprint"]}
-        loaded.source = spec
-        return loaded
-    return load_checkpoint(spec, dtype=dtype, mesh=mesh, shard_mode=shard_mode)
-
-
-def describe_model(spec: str) -> tuple[dict, dict, str | None]:
-    """(hf_config, identity, local tokenizer path) of ``spec`` without reading the weights.
-
-    The identity equals ``load_model(spec).identity``: a store can be named
-    (planned) before a large teacher is loaded.
-    """
-    if spec.startswith("preset:"):
-        from .presets import parse_preset_spec, preset_dir
-
-        name, seed = parse_preset_spec(spec)
-        hf_config, identity, tokenizer = describe_model(preset_dir(name, seed))
-        return hf_config, {"kind": "preset", "preset": name, "seed": seed,
-                           "fingerprint": identity["fingerprint"]}, tokenizer
-    uri = spec.rstrip("/")
-    return read_hf_config(uri), checkpoint_identity(uri), _local_tokenizer(uri)
 
 
 # ----------------------------------------------------------------------------- saving

@@ -221,18 +221,6 @@ def _preset_config(name: str) -> dict:
     return json.loads(json.dumps(PRESETS[name]))
 
 
-def parse_preset_spec(spec: str) -> tuple[str, int]:
-    """``preset:NAME`` or ``preset:NAME@SEED`` -> (NAME, SEED)."""
-    body = spec[len("preset:"):] if spec.startswith("preset:") else spec
-    name, _, seed = body.partition("@")
-    try:
-        seed_i = int(seed) if seed else 0
-    except ValueError:
-        raise InputError(f"bad preset seed in {spec!r}: {seed!r} is not an integer") from None
-    _preset_config(name)
-    return name, seed_i
-
-
 def materialize_preset(name: str, out_dir: str, seed: int = 0) -> str:
     """Write preset ``name`` with random weights from ``seed`` as an HF checkpoint in ``out_dir``."""
     from .checkpoint import build_model, init_params, save_hf_checkpoint
