@@ -40,7 +40,8 @@ def one_line(text: str) -> str:
 
 def describe(e: BaseException) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted (Ctrl-C); committed work is kept, re-run the same command to resume"
+        how = getattr(e, "name", None) or "Ctrl-C"
+        return EXIT_INTERRUPTED, f"interrupted ({how}); committed work is kept, re-run the same command to resume"
     if isinstance(e, Interrupted):
         return EXIT_INTERRUPTED, "interrupted: " + one_line(e)
     if isinstance(e, LogitDistillError):

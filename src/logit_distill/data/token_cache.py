@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from logit_distill import paths
 from logit_distill.errors import InputError
 
 from .inputs import (
@@ -52,8 +53,7 @@ _BATCH_CHARS = 8 << 20
 
 
 def default_cache_dir() -> str:
-    root = os.environ.get("LOGIT_DISTILL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "logit-distill")
-    return os.path.join(root, "data")
+    return paths.default_cache_dir("data")
 
 
 @dataclass
@@ -109,14 +109,6 @@ def load_cache(path: str) -> TokenCache | None:
             log.warning("token cache %s is unreadable (%s); rebuilding it", path, e)
         return None
     return TokenCache(path, tokens, offsets, meta)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Builder:
@@ -256,7 +248,7 @@ def build_or_load(
                 + (f" (skipped {b.skipped_empty} empty documents)" if b.skipped_empty else "")
             )
         np.save(os.path.join(tmp, "offsets.npy"), offsets, allow_pickle=False)
-        _fsync(os.path.join(tmp, "offsets.npy"))
+        paths.fsync(os.path.join(tmp, "offsets.npy"))
         meta = {
             "version": CACHE_VERSION,
             "key": key,
