@@ -94,7 +94,7 @@ def _row_runner(teacher, stores: dict, B: int, steps: int, lr: float):
 
     from logit_distill.store import open_store
     from logit_distill.train import loader as loader_mod
-    from logit_distill.train.loop import make_optimizer, make_train_step
+    from logit_distill.train.step import make_optimizer, make_train_step
     from logit_distill.train.losses import FIELDS
     from logit_distill.train.schedules import learning_rate_schedule
 

@@ -71,9 +71,9 @@ def value_text(key: str, value) -> str:
 def explain(key: str, d: dict, results: dict) -> str:
     """What the figure measures here, with its two absolute measurements, and what limits it."""
     if key in ("dump_overhead_ratio", "dump_overhead_ratio_gcs"):
-        return (f"`run_dump` ({d['storage']}) vs the same `prepare` + `_Compute` loop over the same {d['num_steps']} "
+        return (f"`run_dump` ({d['storage']}) vs the same loading + `TeacherStep` loop over the same {d['num_steps']} "
                 f"steps x {d['batch_size']} x {d['seq_len']} tokens with outputs fetched and nothing written; "
-                f"span from building `_Compute` to the last commit: {_s(d['dump_loop'])} vs "
+                f"span from building the `TeacherStep` to the last commit: {_s(d['dump_loop'])} vs "
                 f"{_s(d['compute_only_loop'])} ({d['chunks']} chunks; whole calls incl. loading: ratio "
                 f"{d['end_to_end_ratio']:.3f}). "
                 + (f"Below 1 means the writer's cost is under the noise of this shared machine (compute-only "

@@ -19,18 +19,21 @@ from .common import BENCH_TEACHER, log
 
 
 def _teacher_step(model, config_kw: dict):
-    """The dump's teacher step (``dump._Compute``) for a bench model, on every local device."""
+    """The dump's teacher step (``dump.TeacherStep``) for a bench model, on every local device."""
     import jax
+    import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from logit_distill.dump import DumpConfig, _Compute
+    from logit_distill.dump import DumpConfig, TeacherStep
+    from logit_distill.dump.teacher_step import dump_mesh
 
     config = DumpConfig(teacher="", data="", output="", **config_kw)
-    compute = _Compute(model, config)
+    compute = TeacherStep(model, config, dump_mesh(config))
     sharding = NamedSharding(compute.mesh, P("data"))
 
     def run(tokens, positions, segment_ids):
-        args = [jax.device_put(a, sharding) for a in (tokens, positions, segment_ids)]
+        index = np.arange(tokens.shape[0], dtype=np.int32)
+        args = [jax.device_put(a, sharding) for a in (tokens, positions, segment_ids, index)]
         return compute.fn(compute.params, *args)
 
     return compute, run

@@ -59,8 +59,7 @@ def dump_teacher_topk(
     import collections
 
     from logit_distill.distributed import init_from_environment
-    from logit_distill.dump import DumpConfig, plan_manifest, run_dump
-    from logit_distill.store import dump_key as dump_key_of
+    from logit_distill.dump import DumpConfig, plan_dump, run_dump
 
     from logit_distill.logs import configure_from_environment
 
@@ -85,7 +84,8 @@ def dump_teacher_topk(
     )
     # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,
     # before anything is written.
-    planned = dump_key_of(plan_manifest(config, num_processes=jax.process_count()))
+    plan = plan_dump(config, num_processes=jax.process_count())
+    planned = plan.dump_key
     if dump_key and planned != dump_key:
         raise ValueError(f"dump_key {dump_key} does not match these settings (their key is {planned})")
     if dump_key and not store_uri.rstrip("/").endswith(dump_key):
@@ -97,22 +97,19 @@ def dump_teacher_topk(
     if jax.process_index() != 0:
         raise SystemExit(0)  # the store is complete; process 0 writes the task's outputs
     print(f"dump_teacher_topk: {result.summary()}", flush=True)
-    from logit_distill.store.status import store_status
-
-    manifest = plan_manifest(config, num_processes=jax.process_count())
-    state = store_status(store_uri, manifest).state
+    state = plan.status().state
 
     store.uri = result.store
     store.metadata.update({
         "dump_key": result.dump_key, "fingerprint": result.fingerprint, "num_steps": result.num_steps,
-        "examples": result.examples, "tokens": result.tokens, "top_k": top_k, "seq_len": seq_len,
+        "examples": result.examples, "positions": result.positions, "top_k": top_k, "seq_len": seq_len,
         "codec": codec, "teacher": teacher, "data": data, "store_bytes": result.store_bytes,
         "chunks": result.chunks_expected, "processes": jax.process_count(), "store_state": state,
         "resources_requested": dict(resources),
     })
     for name, value in (
         ("examples", result.examples),
-        ("tokens", result.tokens),
+        ("positions", result.positions),
         ("chunks_written_this_attempt", result.chunks_written),
         ("chunks_present_at_start", result.chunks_present_at_start),
         ("resumed_from_step", result.resumed_from_step),
@@ -132,7 +129,7 @@ INPUTS = {
     "store_uri": "Where the store is written (from plan_dump): <output_root>/teacher_topk/<dump_key>.",
     "dump_key": "The store's key from plan_dump; the dump refuses a key that is not its settings' fingerprint.",
     "store": "The store (its URI is store_uri).",
-    "metrics": "What this attempt did: examples, tokens, chunks written now, resumed-from step, tokens/s.",
+    "metrics": "What this attempt did: examples, positions, chunks written now, resumed-from step, tokens/s.",
     "resources": "The resources the pipeline requested for the task (recorded in the store's metadata).",
 }
 

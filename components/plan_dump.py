@@ -1,7 +1,7 @@
 """``plan_dump``: name the teacher store before the dump starts, and say whether it is needed.
 
 Computes the store manifest's fingerprint from the pipeline's parameters
-(``logit_distill.dump.plan_manifest``: no weights loaded, nothing tokenized)
+(``logit_distill.dump.plan_dump``: no weights loaded, nothing tokenized)
 and returns its dump key and the store's location
 ``<output_root>/teacher_topk/<dump_key>``. The dump task gets both as string
 inputs, so Vertex's cache fingerprint of the dump includes the key, and every
@@ -53,9 +53,7 @@ def plan_dump(
     import collections
 
     from logit_distill.distributed import planned_processes
-    from logit_distill.dump import DumpConfig, plan_manifest
-    from logit_distill.store import dump_key as dump_key_of
-    from logit_distill.store.status import store_status
+    from logit_distill.dump import DumpConfig, plan_dump
 
     if not output_root:
         raise ValueError("output_root is empty: give a local directory or a gs:// prefix")
@@ -68,10 +66,10 @@ def plan_dump(
         dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, progress=False,
     )
     processes = planned_processes(num_processes, tpu_topology, machine_type)
-    manifest = plan_manifest(config, num_processes=processes)
-    key = dump_key_of(manifest)
+    plan = plan_dump(config, num_processes=processes)
+    manifest, key = plan.manifest, plan.dump_key
     store_uri = output_root.rstrip("/") + "/teacher_topk/" + key
-    status = store_status(store_uri, manifest)
+    status = plan.status(store_uri)
     store.uri = store_uri
     store.metadata.update({"dump_key": key, "fingerprint": manifest["fingerprint"], "processes": processes,
                            "chunks_present": status.present, "chunks": status.expected, "teacher": teacher,

@@ -143,7 +143,7 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
            f"{dm.get('chunks_written_this_attempt')} chunks written now, {dm.get('tokens_per_s')} tokens/s"]
           if dm else ["                   complete already: the dump was skipped (no teacher loaded)"]),
         f"  verification     {'PASSED' if verify.get('Output') else 'FAILED'} "
-        f"(teacher entropy {vm.get('mean_teacher_entropy_nats', float('nan')):.3f} nats, "
+        f"(teacher entropy >= {vm.get('teacher_entropy_lower_bound_nats', float('nan')):.3f} nats, "
         f"top-k mass {vm.get('mean_topk_mass', float('nan')):.3f})",
         "  held-out cross-entropy (nats/token; lower is better; uniform = 6.238)",
         f"    teacher                     {teacher_eval['cross_entropy']:.4f}",
