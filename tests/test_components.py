@@ -53,7 +53,7 @@ def dumped(work):
 
 
 def test_plan_dump_names_the_store_by_its_fingerprint(work):
-    from logit_distill.dump import DumpConfig, plan_manifest
+    from logit_distill.dump import DumpConfig, plan_dump
     from logit_distill.store import dump_key
 
     artifact = Dataset(name="store", uri=str(work["root"] / "planned"))
@@ -62,13 +62,13 @@ def test_plan_dump_names_the_store_by_its_fingerprint(work):
     assert plan.store_uri == str(work["root"] / "out") + "/teacher_topk/" + plan.dump_key
     assert artifact.uri == plan.store_uri and artifact.metadata["dump_key"] == plan.dump_key
     config = DumpConfig(teacher=TEACHER, data=work["data"], output="", **SETTINGS)
-    assert plan.dump_key == dump_key(plan_manifest(config))
+    assert plan.dump_key == dump_key(plan_dump(config).manifest)
     assert plan.complete is False
     # a TPU slice of 2x4 chips on 4-chip hosts is 2 processes: the plan's key is the 2-process layout
     tpu = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(work["root"] / "x"),
                                          store=Dataset(uri=str(work["root"] / "t")), tpu_topology="2x4",
                                          machine_type="ct5lp-hightpu-4t", **SETTINGS)
-    assert tpu.dump_key == dump_key(plan_manifest(config, num_processes=2)) != plan.dump_key
+    assert tpu.dump_key == dump_key(plan_dump(config, num_processes=2).manifest) != plan.dump_key
     assert tpu.store_uri == str(work["root"] / "x") + "/teacher_topk/" + tpu.dump_key
 
 
@@ -78,7 +78,7 @@ def test_dump_writes_the_store_and_its_metrics(work, dumped):
     assert os.path.exists(os.path.join(store.uri, "manifest.json"))
     assert store.metadata["dump_key"] == plan.dump_key
     m = metrics.metadata
-    assert m["examples"] == 24 and m["tokens"] == 24 * 32
+    assert m["examples"] == 24 and m["positions"] == 24 * 32
     assert m["chunks_written_this_attempt"] == 3 and m["resumed_from_step"] == 0
     assert m["bytes_per_entry"] > 0 and m["tokens_per_s"] > 0
     assert dumped["out"].complete is True

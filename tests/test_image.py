@@ -208,7 +208,7 @@ def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
     import yaml
 
     from logit_distill.data import write_pretokenized
-    from logit_distill.dump import DumpConfig, plan_manifest
+    from logit_distill.dump import DumpConfig, plan_dump
     from logit_distill.store import dump_key
 
     venv, root, fs = str(tmp_path / "venv"), str(tmp_path / "opt"), str(tmp_path / "fs")
@@ -266,7 +266,7 @@ def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
     _run(argv, cwd=root, env=env)
     with open(task / "executor_output.json") as f:
         out = json.load(f)
-    key = dump_key(plan_manifest(DumpConfig(teacher="preset:tiny-qwen3", data=data, output="", **settings)))
+    key = dump_key(plan_dump(DumpConfig(teacher="preset:tiny-qwen3", data=data, output="", **settings)).manifest)
     values = out["parameterValues"]
     assert values["dump_key"] == key  # the image names the store as this environment does
     assert values["store_uri"] == str(tmp_path / "out") + "/teacher_topk/" + key and values["complete"] is False
