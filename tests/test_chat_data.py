@@ -625,3 +625,19 @@ def test_bad_parquet(tok_dirs, tmp_path):
     notpq = tmp_path / "x.parquet"
     notpq.write_bytes(b"PAR1 not really")
     _bad(tmp_path, d, path=str(notpq), message="x.parquet: not a readable Parquet file", planned=True)
+
+
+def test_bad_conversation_is_one_line_from_the_dump_command(tok_dirs, tmp_path, capsys):
+    from logit_distill.cli import main
+
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"messages": CONVERSATIONS["simple"]},
+                                               {"messages": [{"role": "user", "content": "a"},
+                                                             {"role": "user", "content": "b"}]}])
+    out = tmp_path / "store"
+    code = main(["dump", "--teacher", "preset:tiny-qwen3", "--tokenizer", tok_dirs["gemma_fold_system"], "--data", bad,
+                 "--output", str(out), "--num-steps", "1", "--seq-len", "16", "--batch-size", "1"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, err
+    assert lines[-1].startswith("logit-distill dump: error: ") and "bad.jsonl:2: the chat template raised" in lines[-1]
+    assert not out.exists()
