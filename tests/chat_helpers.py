@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 
+from logit_distill.models.presets import _bytes_to_unicode  # the GPT-2 byte symbols, in byte order
+
 TEMPLATES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|start_header_id|>",
            "<|end_header_id|>", "<|eot_id|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
@@ -31,26 +33,13 @@ def template_text(name: str) -> str:
         return f.read()
 
 
-def _byte_symbols() -> list[str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
-
-
 def write_chat_tokenizer(directory, family: str = "chatml_think_tools", *, where: str = "config",
                          template: str | None = None, extra_config: dict | None = None) -> str:
     """A tokenizer directory for `family`; its template (default: the family's) goes into
     tokenizer_config.json (`where="config"`), chat_template.jinja (`"jinja"`) or nowhere (`"none"`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {sym: i for i, sym in enumerate(_byte_symbols())}
+    vocab = {sym: i for i, sym in enumerate(_bytes_to_unicode())}
     for a, b in MERGES:
         vocab[a + b] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=MERGES))
