@@ -250,6 +250,8 @@ def test_mask_options(tok_dirs):
     assert _runs(hf, ids, flags) == ["12, the answer.<|im_end|>"]
     ids, flags = _prepare(_preparer(tok_dirs["chatml_generation"]), multi, first_trainable=2)
     assert _runs(hf, ids, flags) == ["12, the answer.<|im_end|>"]
+    for family in ("chatml_generation", "chatml_think_tools"):  # an empty completion trains nothing
+        assert sum(_prepare(_preparer(tok_dirs[family]), multi, first_trainable=4)[1]) == 0
     # Reasoning tags are settable: with others, the <think> block is not recognised as empty.
     ids, flags = _prepare(_preparer(d, ChatOptions(reasoning_tags=("<reason>", "</reason>"))), simple)
     assert _runs(hf, ids, flags)[0].startswith("<think>")

@@ -105,6 +105,8 @@ class ChatPreparer:
 
     def _generation_spans(self, item: Conversation):
         text, spans = self.template.render_with_generation_spans(item.messages, item.tools, place=item.place)
+        if item.first_trainable >= len(item.messages):  # an empty completion: nothing to train
+            return text, []
         if item.first_trainable:  # prompt/completion: blocks of the prompt are not trained
             first = item.messages[item.first_trainable]
             prompt = self.template.render(item.messages[: item.first_trainable], item.tools,
