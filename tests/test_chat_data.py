@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -354,6 +355,8 @@ def test_examples_carry_transformers_ids_and_assistant_masks(tok_dirs, tmp_path,
     assert src.num_tokens == sum(map(len, docs)) and src.skipped_unsupervised == 0
     b = src.batch([0, 1])
     assert b["loss_mask"].shape == (2, L) and b["loss_mask"].dtype == bool
+    clone = pickle.loads(pickle.dumps(src))  # a Grain worker re-opens the supervision flags too
+    assert clone[len(src) - 1]["loss_mask"].tolist() == src[len(src) - 1]["loss_mask"].tolist()
 
 
 def test_parquet_reads_as_the_jsonl_does(tok_dirs, tmp_path):
