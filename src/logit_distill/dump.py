@@ -60,8 +60,8 @@ class DumpConfig:
     dtype: str = "float32"
     text_field: str = "text"
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
-    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor
-    model_parallel: int | None = None  # devices of the mesh's model axis (tensor modes; default: all)
+    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor | expert | fsdp+expert
+    model_parallel: int | None = None  # devices of the mesh's model axis (tensor and expert modes; default: all)
     attention: str = "auto"  # auto | dense | blocked | pallas_gpu | pallas_tpu (models/attention.py)
     device_batch: int | None = None  # examples per kernel on each device (default: per backend)
     vocab_chunk: int | None = None  # vocabulary entries per chunk of the selection (default 32768)
@@ -157,13 +157,13 @@ def _check_settings(config: DumpConfig) -> None:
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     from .models.attention import check_attention
-    from .models.sharding import check_mode
+    from .models.sharding import MODEL_AXIS_MODES, check_mode
 
     check_attention(config.attention)
     check_mode(config.sharding)
-    if config.model_parallel not in (None, 1) and config.sharding not in ("tensor", "fsdp+tensor"):
-        raise InputError(f"--model-parallel {config.model_parallel} needs --sharding tensor or fsdp+tensor, "
-                         f"not {config.sharding}")
+    if config.model_parallel not in (None, 1) and config.sharding not in MODEL_AXIS_MODES:
+        raise InputError(f"--model-parallel {config.model_parallel} needs --sharding tensor, fsdp+tensor, expert "
+                         f"or fsdp+expert, not {config.sharding}")
     _check_array_record_options(config.array_record_options)
 
 
@@ -314,10 +314,10 @@ def dump_mesh(config: DumpConfig):
     """The dump's mesh over every device: ``data``, or (``data``, ``model``) for the tensor modes."""
     import jax
 
-    from .models.sharding import make_mesh
+    from .models.sharding import MODEL_AXIS_MODES, make_mesh
 
     mp = 1
-    if config.sharding in ("tensor", "fsdp+tensor"):
+    if config.sharding in MODEL_AXIS_MODES:
         mp = config.model_parallel or jax.local_device_count()
     return make_mesh(jax.devices(), mp)
 
@@ -359,6 +359,7 @@ class _Compute:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         from .models import decoder, shard_params
+        from .models.sharding import expert_mesh_for
         from .topk import NONFINITE_KEY, make_teacher_sampled, make_teacher_topk, with_finite_check
 
         self.mesh = dump_mesh(config)
@@ -370,7 +371,10 @@ class _Compute:
         rows = config.batch_size // data_devices
         self.device_batch = device_batch_for(config, rows, jax.default_backend()) if replicated else rows
         self.attention = dump_attention(config, jax.default_backend())
-        apply = functools.partial(teacher.apply, attention=self.attention)
+        # MoE teachers in the sharded modes: their experts' matmuls split over the mesh (models.sharding)
+        moe = {} if replicated or getattr(teacher.config, "moe", None) is None else {
+            "expert_mesh": expert_mesh_for(self.mesh, config.sharding)}
+        apply = functools.partial(teacher.apply, attention=self.attention, **moe)
         # Replicated teachers run device_batch examples at a time on each device: the same kernel
         # shapes, hence the same bytes, on any number of devices. The sharded modes split the
         # matmuls themselves, so the last bits may differ.
@@ -379,7 +383,7 @@ class _Compute:
         split = {}
         if teacher.config is not None:  # the head and selection over vocabulary chunks
             cfg = teacher.config
-            split = dict(features=functools.partial(decoder.hidden, cfg, attention=self.attention),
+            split = dict(features=functools.partial(decoder.hidden, cfg, attention=self.attention, **moe),
                          head=functools.partial(decoder.head_logits, cfg), vocab_size=cfg.vocab_size,
                          vocab_chunk=config.vocab_chunk)
         if self.sampled:
@@ -750,12 +754,15 @@ def register_cli(subparsers) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field holding the text (default text)")
     p.add_argument("--tokenizer", default=None,
                    help="directory or file of tokenizer.json (default: the teacher's)")
-    p.add_argument("--sharding", choices=["replicate", "fsdp", "tensor", "fsdp+tensor"], default="replicate",
+    p.add_argument("--sharding", choices=["replicate", "fsdp", "tensor", "fsdp+tensor", "expert", "fsdp+expert"],
+                   default="replicate",
                    help="teacher parameters: replicated on every device; fsdp (split over the data axis); "
-                        "tensor (heads and MLP columns split over a model axis); fsdp+tensor (both)")
+                        "tensor (heads and MLP columns split over a model axis, a mixture's experts too); "
+                        "fsdp+tensor (both); expert (a mixture's experts split over the model axis, the rest "
+                        "replicated); fsdp+expert (experts over the model axis, the rest fsdp)")
     p.add_argument("--model-parallel", type=int, default=None,
-                   help="devices of the model axis with --sharding tensor/fsdp+tensor (default: all the "
-                        "devices of one host); the rest of the devices split the batch")
+                   help="devices of the model axis with --sharding tensor/fsdp+tensor/expert/fsdp+expert "
+                        "(default: all the devices of one host); the rest of the devices split the batch")
     p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"], default="auto",
                    help="attention implementation (default auto: the Pallas flash kernel on GPU, splash "
                         "attention on TPU (both with --sharding replicate), blocked for sequences over 256 "

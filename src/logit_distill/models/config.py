@@ -173,6 +173,8 @@ def _rope_settings(hf: dict, family: str) -> tuple[dict, dict | None]:
             glob.update(hf["rope_scaling"])
     if hf.get("partial_rotary_factor") is not None:
         glob.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    if family == "glm4_moe":  # transformers' Glm4MoeConfig default
+        glob.setdefault("partial_rotary_factor", 0.5)
     return glob, None
 
 
@@ -234,9 +236,10 @@ def _moe_config(hf: dict, family: str) -> tuple[MoeConfig | None, tuple]:
             routed_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0), n_group=n_group,
             topk_group=_int(hf, "topk_group", default=1), score_correction_bias=True,
             shared_intermediate_size=_int(hf, "moe_intermediate_size") * _int(hf, "n_shared_experts", default=0))
-    scoring = hf.get("scoring_func")
-    if family == "deepseek_v3" and scoring not in (None, "sigmoid"):
-        raise InputError(f"config.json: scoring_func {scoring!r} is not supported (DeepSeek-V3 uses sigmoid)")
+    scoring, method = hf.get("scoring_func"), hf.get("topk_method")
+    if family == "deepseek_v3" and (scoring not in (None, "sigmoid") or method not in (None, "noaux_tc")):
+        raise InputError(f"config.json: scoring_func {scoring!r} / topk_method {method!r} are not supported "
+                         "(DeepSeek-V3 and Kimi K2 use sigmoid / noaux_tc)")
     if top_k > num_experts:
         raise InputError(f"config.json: num_experts_per_tok {top_k} exceeds the {num_experts} experts")
     return moe, layers

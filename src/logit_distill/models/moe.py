@@ -278,6 +278,8 @@ def _sharded(moe: MoeConfig, p: dict, x, impl: str, em: ExpertMesh):
         raise InputError(f"the {moe.num_experts} experts do not split over the {n_shards} devices of the "
                          f"{ax!r} mesh axis; choose --model-parallel dividing {moe.num_experts}")
     data = em.data_axis if em.data_axis in mesh.axis_names else None
+    if data is not None and x.shape[0] % mesh.shape[data]:  # a batch that does not split: every device all of it
+        data = None
 
     def local(p, x):
         b, l, d = x.shape
