@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 from logit_distill.errors import InputError  # noqa: E402
 from logit_distill.models import load_model, moe, quantized, safetensors_io, save_hf_checkpoint  # noqa: E402
+from test_models import _hf_logits, _hf_model  # noqa: E402  (random everything: weights, sinks, router biases)
 
 TOL = 1e-4
 V = 300
@@ -73,28 +74,6 @@ HF_CONFIGS = {
 }
 
 
-def _hf_model(hf_config: dict):
-    cfg = transformers.AutoConfig.for_model(**hf_config)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * r)
-            elif name.endswith("sinks"):  # large enough to take a real share of the softmax
-                p.copy_(1.5 * r)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * r)
-            else:
-                p.copy_(0.08 * r)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # moves the choice, not the weights
-                b.copy_(0.1 * torch.randn(b.shape, generator=g))
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """name -> (checkpoint dir, HF model)."""
@@ -105,12 +84,6 @@ def ckpts(tmp_path_factory):
         model.save_pretrained(d)
         out[name] = (str(d), model)
     return out
-
-
-def _hf_logits(model, tokens, positions=None):
-    with torch.no_grad():
-        kw = {} if positions is None else {"position_ids": torch.tensor(np.asarray(positions), dtype=torch.long)}
-        return model(torch.tensor(np.asarray(tokens), dtype=torch.long), **kw).logits.float().numpy()
 
 
 def _batch(B=2, L=16, seed=0):
@@ -318,6 +291,17 @@ def test_export_loads_in_transformers(ckpts, tmp_path):
 _FP4 = quantized.FP4_VALUES
 
 
+
+def _assert_quantized_load_matches(ckpt: str, hf, hf_unquantized):
+    """Our load of a quantized checkpoint against transformers' (dequantizing) load of it; the quantization
+    moves the logits (the comparison is not of the unquantized model with itself)."""
+    m = load_model(ckpt)
+    tokens, positions, seg = _batch()
+    ours = np.asarray(jax.jit(m.apply)(m.params, tokens, positions, seg))
+    ref = _hf_logits(hf, tokens, positions)
+    _assert_matches(ours, ref)
+    assert np.abs(ref - _hf_logits(hf_unquantized, tokens, positions)).max() > 1e-2
+
 def _quantize_mxfp4(w: np.ndarray):
     """float [..., n] -> (blocks [..., n/32, 16] uint8, exponents [..., n/32] uint8): each block's scale is
     the power of two that puts its largest magnitude at or under 6, each value the nearest E2M1."""
@@ -353,12 +337,7 @@ def test_mxfp4_checkpoint_matches_transformers(ckpts, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(out), attn_implementation="eager", dtype=torch.float32,
         quantization_config=transformers.Mxfp4Config(dequantize=True)).float().eval()
-    m = load_model(str(out))
-    tokens, positions, seg = _batch()
-    ours = np.asarray(jax.jit(m.apply)(m.params, tokens, positions, seg))
-    ref = _hf_logits(hf, tokens, positions)
-    _assert_matches(ours, ref)
-    assert np.abs(ref - _hf_logits(hf_f32, tokens, positions)).max() > 1e-2  # the quantization is real
+    _assert_quantized_load_matches(str(out), hf, hf_f32)
 
 
 def _quantize_fp8(w: np.ndarray, block: int):
@@ -401,12 +380,7 @@ def test_fp8_checkpoint_matches_transformers(ckpts, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(out), attn_implementation="eager", dtype=torch.float32,
         quantization_config=transformers.FineGrainedFP8Config(dequantize=True, weight_block_size=(block, block))).eval()
-    m = load_model(str(out))
-    tokens, positions, seg = _batch()
-    ours = np.asarray(jax.jit(m.apply)(m.params, tokens, positions, seg))
-    ref = _hf_logits(hf, tokens, positions)
-    _assert_matches(ours, ref)
-    assert np.abs(ref - _hf_logits(hf_f32, tokens, positions)).max() > 1e-2  # the quantization is real
+    _assert_quantized_load_matches(str(out), hf, hf_f32)
 
 
 def test_fp8_partial_blocks_and_row_ranges():

@@ -196,6 +196,9 @@ def load_checkpoint(
     np_dtype = _np_dtype(dtype)
     hf_config = read_hf_config(uri)
     cfg = from_hf_config(hf_config)
+    if mesh is not None and shard_mode in ("expert", "fsdp+expert") and cfg.moe is None:
+        raise InputError(f"--sharding {shard_mode} splits a mixture's experts, and {uri} ({cfg.family}) has none; "
+                         "use --sharding fsdp, tensor or fsdp+tensor")
     files = _safetensors_files(uri)
     expected = decoder.expected_tensors(cfg)
 

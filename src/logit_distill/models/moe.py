@@ -159,6 +159,7 @@ def _sorted_layout(expert_of, num_experts: int, tile: int):
     """For pairs with expert ``expert_of`` [M] (``num_experts`` = not on this device): each expert's pairs
     in order, starting on a tile boundary. Returns (pair of each buffer row (M = none), buffer row of each
     pair (the last row = none), expert of each tile, tiles in use, buffer rows)."""
+    expert_of = jnp.asarray(expert_of, jnp.int32)
     m = expert_of.shape[0]
     counts = jnp.bincount(expert_of, length=num_experts + 1)[:num_experts]
     tiles_per = (counts + tile - 1) // tile
@@ -203,6 +204,7 @@ def experts_tiles(moe: MoeConfig, ex: dict, x, expert_of, tile: int | None = Non
 def experts_ragged(moe: MoeConfig, ex: dict, x, expert_of):
     """As ``experts_tiles``, through ``jax.lax.ragged_dot_general`` over the pairs sorted by expert."""
     n, d = x.shape
+    expert_of = jnp.asarray(expert_of, jnp.int32)
     m = expert_of.shape[0]
     k = m // n
     e = num_experts_of(ex)
