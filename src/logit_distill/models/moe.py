@@ -16,8 +16,9 @@ never through a ``[tokens, experts, ffn]`` tensor:
   buffer where each expert's rows start on a tile of ``tile`` rows; a loop over
   the tiles in use multiplies each tile by its expert's weights (plain 2-D
   matmuls, which XLA's CPU backend runs at full speed). The padding is at
-  most one partial tile per expert. Gathers only (XLA's CPU scatters of rows
-  are slow): a buffer row knows its token, a pair knows its buffer row.
+  most one partial tile per expert. Rows move by gathers only (XLA's CPU
+  scatters of rows are slow; only int32 indices are scattered): a buffer row
+  knows its token, a pair knows its buffer row.
 - ``ragged`` (GPU, TPU): the sorted rows through ``jax.lax.ragged_dot_general``
   with the experts' group sizes, which XLA lowers to its grouped-matmul
   instruction there. On CPU it is decomposed densely (~100x slower than a dense

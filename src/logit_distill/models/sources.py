@@ -166,9 +166,9 @@ def _source(cfg: DecoderConfig, name: str, shape: tuple, found, block):
     src = _plain(name, found, block)
     if src is not None:
         return src
-    if name + "_blocks" in found and name + "_scales" in found:
-        return Mxfp4(name + "_blocks", name + "_scales", shape)
     prefix, _, proj = name.rpartition(".")
+    if name + "_blocks" in found and name + "_scales" in found and prefix.endswith("mlp.experts"):
+        return Mxfp4(name + "_blocks", name + "_scales", shape)  # gpt-oss's experts: [E, in, out] once dequantized
     if prefix.endswith("mlp.experts") and proj in _PER_EXPERT and cfg.moe is not None \
             and cfg.moe.layout == "concatenated":
         parts = []
