@@ -409,3 +409,39 @@ def test_unsupported_quantization_is_one_line(ckpts, tmp_path):
     json.dump(cfg, open(out / "config.json", "w"))
     with pytest.raises(InputError, match="quant_method 'awq' is not supported"):
         load_model(str(out))
+
+
+# ----------------------------------------------------------------------------- attention kernels
+
+@pytest.mark.slow  # the kernels in interpret mode
+@pytest.mark.parametrize("preset,impl", [("tiny-gpt-oss", "pallas_tpu"), ("tiny-deepseek-v3", "pallas_tpu"),
+                                         ("tiny-deepseek-v3", "pallas_gpu")])
+def test_pallas_kernels_with_sinks_and_latent_attention(preset, impl, monkeypatch):
+    """The Pallas kernels in interpret mode: splash attention with gpt-oss's sinks (and its window), and
+    DeepSeek's MLA (values of another head size, zero-padded for the kernels), against ``dense``.
+    Padding rows attend to each other in the kernels: finite, not compared."""
+    import functools
+
+    from logit_distill.models import PRESETS, attention as attention_mod, build_model, decoder, init_params
+
+    monkeypatch.setattr(attention_mod, "SPLASH_BLOCK", 128)
+    monkeypatch.setattr(attention_mod, "PALLAS_BLOCK", 16)
+    monkeypatch.setattr(attention_mod, "_INTERPRET", True)
+    cfg = dict(PRESETS[preset], initializer_range=0.15)  # peaked attention
+    m = build_model(cfg, init_params(cfg, 0, "float32"))
+    L = 256 if impl == "pallas_tpu" else 48
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 512, (1, L)).astype(np.int32)
+    seg = np.zeros((1, L), np.int32)
+    pos = np.zeros((1, L), np.int32)
+    at = 0
+    for s, n in ((1, L // 3), (2, L // 2)):
+        seg[0, at:at + n], pos[0, at:at + n] = s, np.arange(n)
+        at += n
+
+    def logits(impl):
+        return np.asarray(jax.jit(functools.partial(decoder.apply, m.config, attention=impl))(m.params, tokens, pos, seg))
+
+    got, ref = logits(impl), logits("dense")
+    assert np.isfinite(got).all() and np.abs(ref).max() > 1.0
+    assert np.abs(got - ref)[seg > 0].max() <= 1e-5
