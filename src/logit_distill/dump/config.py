@@ -39,8 +39,8 @@ class DumpConfig:
     tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
     # how the dump runs (not part of the store's identity)
-    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor
-    model_parallel: int | None = None  # devices of the mesh's model axis (tensor modes; default: all)
+    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor | expert | fsdp+expert
+    model_parallel: int | None = None  # devices of the mesh's model axis (tensor and expert modes; default: all)
     attention: str = "auto"  # auto | dense | blocked | pallas_gpu | pallas_tpu (models/attention.py)
     device_batch: int | None = None  # examples per kernel on each device (default: per backend)
     vocab_chunk: int | None = None  # vocabulary entries per chunk of the selection (default 32768)
@@ -82,13 +82,13 @@ class DumpConfig:
         if not self.text_field or not isinstance(self.text_field, str):
             raise InputError(f"--text-field must be a non-empty name, got {self.text_field!r}")
         from ..models.attention import check_attention
-        from ..models.sharding import check_mode
+        from ..models.sharding import MODEL_AXIS_MODES, check_mode
 
         check_attention(self.attention)
         check_mode(self.sharding)
-        if self.model_parallel not in (None, 1) and self.sharding not in ("tensor", "fsdp+tensor"):
-            raise InputError(f"--model-parallel {self.model_parallel} needs --sharding tensor or fsdp+tensor, "
-                             f"not {self.sharding}")
+        if self.model_parallel not in (None, 1) and self.sharding not in MODEL_AXIS_MODES:
+            raise InputError(f"--model-parallel {self.model_parallel} needs --sharding tensor, fsdp+tensor, expert "
+                             f"or fsdp+expert, not {self.sharding}")
         _check_array_record_options(self.array_record_options)
         return self
 
