@@ -82,15 +82,13 @@ def dump_teacher_topk(
     outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete", "store_state", "error",
                                                      "exit_code"])
     try:
-        config = DumpConfig(
+        config = DumpConfig.from_flat(
             teacher=teacher, data=data, output=store_uri, top_k=top_k, seq_len=seq_len, batch_size=batch_size,
-            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, seed=data_seed, packing=packing,
-            selection=selection, samples=samples if selection == "sampled" else None,
-            proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
-            tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
-            dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, sharding=sharding, progress=False,
-            model_parallel=model_parallel or None, attention=attention, device_batch=device_batch or None,
-            vocab_chunk=vocab_chunk or None,
+            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
+            selection=selection, samples=samples, proposal_temperature=proposal_temperature,
+            tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
+            sharding=sharding, progress=False, model_parallel=model_parallel, attention=attention,
+            device_batch=device_batch, vocab_chunk=vocab_chunk,
             # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
             # dead, only stale (not refreshed for its timeout). The retry may start sooner than that (the task
             # backs off 60 s first), so a lease not yet stale is waited for, once, and taken over if nobody

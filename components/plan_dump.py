@@ -67,14 +67,12 @@ def plan_dump(
     try:
         if not output_root:
             raise InputError("output_root is empty: give a local directory or a gs:// prefix")
-        config = DumpConfig(
+        config = DumpConfig.from_flat(
             teacher=teacher, data=data, output="", top_k=top_k, seq_len=seq_len, batch_size=batch_size,
-            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, seed=data_seed, packing=packing,
-            selection=selection, samples=samples if selection == "sampled" else None,
-            proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
-            tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
-            dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, progress=False,
-        )
+            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
+            selection=selection, samples=samples, proposal_temperature=proposal_temperature,
+            tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
+            progress=False)
         processes = planned_processes(num_processes, tpu_topology, machine_type)
         plan = plan_dump(config, num_processes=processes)
         manifest, key = plan.manifest, plan.dump_key

@@ -7,8 +7,11 @@ setting, ``logit_distill.train.key``) and the folder
 ``output_dir`` when given), and reads that folder's names: ``complete`` when
 the export is written (and the evaluation on ``eval_data``, when asked for),
 so the pipeline skips the training task and no accelerator job starts for a
-student that exists. It also finds the files of ``eval_data``: a mistyped
-held-out path fails here, on the CPU image, with the tool's one line (exit 2),
+student that exists. A training still to do is planned here
+(``logit_distill.train.plan_training``: the student's vocabulary, length and
+tokenizer against the store, the loss, the evaluation data read and
+tokenized, the folder): a mistyped held-out path or a student of another
+tokenizer fails here, on the CPU image, with the tool's one line (exit 2),
 before the training's accelerator job. ``state`` says what is there (``empty``, ``checkpoint at
 step N``, ...). ``job_display_name`` names the training's custom job after the
 run, the student's role and its key.
@@ -49,19 +52,14 @@ def plan_training(
     import sys
 
     from logit_distill import paths
-    from logit_distill.data.inputs import resolve_inputs
     from logit_distill.errors import InputError, LogitDistillError
     from logit_distill.failures import describe
+    from logit_distill.train import TrainConfig, plan_training
     from logit_distill.train.key import STUDENTS_DIR, train_key, training_settings, training_state
 
     try:
         if not (output_dir or output_root):
             raise InputError("output_root is empty: give a local directory or a gs:// prefix")
-        if eval_data:
-            try:
-                resolve_inputs(eval_data)
-            except InputError as e:
-                raise InputError(f"eval_data: {e}; give held-out data the training can read") from None
         settings = training_settings(
             student=student, num_steps=num_steps, batch_size=batch_size, grad_accum=grad_accum,
             learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
@@ -70,6 +68,12 @@ def plan_training(
         key = train_key(store.uri, settings)
         output = output_dir or paths.join(output_root, STUDENTS_DIR, key)
         state = training_state(output, eval_data)
+        if state != "complete":  # everything the training checks before its first step, on this CPU
+            plan_training(TrainConfig.from_flat(
+                store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
+                learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
+                alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature, grad_accum=grad_accum,
+                eval_data=eval_data, allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False))
     except LogitDistillError as e:  # a CPU task without retries: the run fails with this line
         code, line = describe(e)
         print(f"logit-distill train: {line}", file=sys.stderr, flush=True)

@@ -94,14 +94,13 @@ def train_offline_student(
     try:
         # A folder named by the store and the settings: a retried or preempted task resumes there.
         output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
-        result = train_student(TrainConfig(
+        result = train_student(TrainConfig.from_flat(
             store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
-            learning_rate=learning_rate, warmup_steps=None if warmup_steps < 0 else warmup_steps, seed=seed,
-            loss=loss or None, alpha=alpha, alpha_end=None if alpha_end < 0 else alpha_end,
-            alpha_schedule=alpha_schedule, temperature=temperature, checkpoint_every=checkpoint_every,
-            eval_data=eval_data or None, max_eval_examples=max_eval_examples or None, grad_accum=grad_accum,
-            log_every=log_every, allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False,
-        ))
+            learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
+            alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
+            checkpoint_every=checkpoint_every, eval_data=eval_data, max_eval_examples=max_eval_examples,
+            grad_accum=grad_accum, log_every=log_every, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+            progress=False))
     except LogitDistillError as e:  # deterministic: recorded for fail_on_error, not retried
         code, line = describe(e)
         line = f"logit-distill train: {line}"

@@ -31,6 +31,8 @@ from typing import Any, Callable
 # Component names (the keys of ``components.build_all``).
 PLAN, DUMP, VERIFY, TRAIN = "plan_dump", "dump_teacher_topk", "verify_logits", "train_offline_student"
 TRAIN_PLAN = "plan_training"  # the CPU task before each training: its folder, and whether it is done
+PREFLIGHT = "preflight"  # the CPU task after the dump's plan: the dump and the KD training checked (its inputs:
+                         # plan_dump's, and plan_training's prefixed train_)
 
 REQUIRED = inspect.Parameter.empty
 # The variants: the pipelines that dump (local: plain components for kfp.local and Kubeflow; vertex: custom
@@ -169,11 +171,13 @@ PARAMS: tuple[Param, ...] = (
     Param("tokenizer", str, "", "tokenizer.json to use instead of the teacher's (empty: the teacher's).",
           _to(PLAN, DUMP, VERIFY), group="dump"),
     Param("dump_sharding", str, "replicate", "The teacher's parameters over the dump's devices: replicate, fsdp "
-          "(sharded over the data axis), tensor (heads and MLP columns over all the devices of a host), or "
-          "fsdp+tensor.", {DUMP: "sharding"}, vertex_default="fsdp",
-          choices=("replicate", "fsdp", "tensor", "fsdp+tensor"), group="dump"),
-    Param("dump_model_parallel", int, 0, "Devices of the dump mesh's model axis with dump_sharding tensor or "
-          "fsdp+tensor (0: all the devices of a host).", {DUMP: "model_parallel"}, min=0, group="dump"),
+          "(sharded over the data axis), tensor (heads and MLP columns over all the devices of a host, a mixture's "
+          "experts too), fsdp+tensor, expert (a mixture's experts over the model axis, the rest replicated) or "
+          "fsdp+expert.", {DUMP: "sharding"}, vertex_default="fsdp",
+          choices=("replicate", "fsdp", "tensor", "fsdp+tensor", "expert", "fsdp+expert"), group="dump"),
+    Param("dump_model_parallel", int, 0, "Devices of the dump mesh's model axis with dump_sharding tensor, "
+          "fsdp+tensor, expert or fsdp+expert (0: all the devices of a host).", {DUMP: "model_parallel"}, min=0,
+          group="dump"),
     Param("dump_attention", str, "auto", "The teacher's attention in the dump: auto (per backend and sequence "
           "length), dense, blocked "
           "(never builds the [L, L] scores; the CPU choice for long sequences), pallas_gpu (the Pallas flash "
@@ -343,6 +347,13 @@ def pipeline_function(variant: str, name: str, summary: str, body: Callable[[dic
     pipeline.__doc__ = docstring(summary, variant)
     pipeline.__name__ = pipeline.__qualname__ = name.replace("-", "_")
     return pipeline
+
+
+def input_descriptions(component: str, prefix: str = "") -> dict[str, str]:
+    """``{prefix + input_name: description}`` of the inputs of ``component`` that pipeline parameters feed
+    (for a component that takes another's inputs, e.g. the preflight's)."""
+    return {prefix + name: _described(param, "local").replace(" Required.", "")
+            for name, param in inputs_of(component).items()}
 
 
 def describe(func: Callable, extra: dict[str, str] | None = None) -> Callable:

@@ -126,14 +126,18 @@ def _plan_and_dump(p: dict, ops: dict, dump_op, dump_extra, plan_extra: dict, re
                             **params.args_for(params.PLAN, p))
     plan.set_display_name("plan-dump")
     plan.set_caching_options(False)  # cheap, and it reads the data's identity and the store: never stale
-    # The CPU preflight task (teacher / student configs and tokenizers, data, eval data, output, flag values,
-    # with the library's check() / plan()) goes here, after the plan: the dump and the trainings depend on the
-    # plan's outputs, hence start after it. Until then the plan checks the dump's settings and plan-<role> the
-    # training's (and the eval data), both on the CPU image.
+    # The whole run checked on the CPU image (the teacher's and the KD student's configs and tokenizers, the
+    # data, the eval data, the training folder, every setting) before the dump's accelerators start.
+    pre = ops[params.PREFLIGHT](**plan_extra, **params.args_for(params.PLAN, p),
+                                **{f"train_{k}": v for k, v in params.args_for(params.TRAIN_PLAN, p).items()
+                                   if k != "output_root"})
+    pre.set_display_name("preflight")
+    pre.set_caching_options(False)  # it reads the folders as they are now
     with dsl.If(plan.outputs["complete"] == False, name="store-incomplete"):  # noqa: E712 - a KFP condition
         dump = dump_op(store_uri=plan.outputs["store_uri"], dump_key=plan.outputs["dump_key"],
                        **params.args_for(params.DUMP, p), **dump_extra(plan))
         dump.set_display_name("dump-teacher-topk")
+        dump.after(pre)
         resources(dump, "dump")
         _retry(dump, retries, max_backoff)
         dump.set_caching_options(False)  # it runs for an incomplete store only: a cache hit would be stale
@@ -142,6 +146,7 @@ def _plan_and_dump(p: dict, ops: dict, dump_op, dump_extra, plan_extra: dict, re
         reuse = ops["use_existing_store"](store_uri=plan.outputs["store_uri"],
                                           store_state=plan.outputs["store_state"])
         reuse.set_display_name("use-existing-store")
+        reuse.after(pre)
         reuse.set_caching_options(False)
     state = dsl.OneOf(dumped.output, reuse.outputs["store_state"])
     # One artifact per store content: the dump's own output when it ran in this pipeline (same URI and

@@ -254,8 +254,8 @@ def test_plan_training_names_the_folder_and_says_whether_it_is_done(work, dumped
     with pytest.raises(SystemExit) as e:
         plan(eval_data=str(tmp_path / "typo.jsonl"))
     assert e.value.code == 2
-    assert capsys.readouterr().err == (f"logit-distill train: error: eval_data: data path not found: "
-                                       f"{tmp_path / 'typo.jsonl'}; give held-out data the training can read\n")
+    assert capsys.readouterr().err == (f"logit-distill train: error: data path not found: "
+                                       f"{tmp_path / 'typo.jsonl'}; check the path\n")
     reused = Model(uri=str(tmp_path / "reused"))
     existing = components.use_existing_student.use_existing_student(output=after.output, model=reused)
     assert existing.hf_dir == os.path.join(after.output, "hf") and reused.uri == after.output

@@ -577,14 +577,15 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path, capsys):
     reused = read_executor_metrics(again.run_dir, "use-existing-student")
     assert reused["model"]["uri"] == train["model"]["uri"] and reused["model"]["metadata"]["eval"]["num_tokens"]
 
-    # 5. a mistyped eval_data fails the run in plan-kd, a CPU task, with the tool's own line: no training
-    #    task starts (on Vertex: no accelerator job)
+    # 5. a mistyped eval_data, for a store not yet dumped, fails the run in the preflight, a CPU task, with the
+    #    tool's own line: no dump and no training task starts (on Vertex: no accelerator job)
     missing = str(tmp_path / "heldout-typo.array_record")
-    bad = run_local.run("logit-distill", {**args, "spot_check": 0, "eval_data": missing},
+    bad = run_local.run("logit-distill", {**args, "spot_check": 0, "eval_data": missing,
+                                          "output_root": str(tmp_path / "fresh-root")},
                         root=str(tmp_path / "bad-eval"), echo=None)
-    assert not bad.ok and "train-offline-student" not in bad.tasks and bad.tasks["plan-training"] == "FAILURE"
-    assert bad.error.endswith(f"logit-distill train: error: eval_data: data path not found: {missing}; give "
-                              "held-out data the training can read"), bad.error
+    assert not bad.ok and bad.tasks["preflight"] == "FAILURE", bad.tasks
+    assert "dump-teacher-topk" not in bad.tasks and "train-offline-student" not in bad.tasks
+    assert bad.error.endswith(f"logit-distill preflight: error: data path not found: {missing}; check the path"), bad.error
 
     # 6. a deterministic failure of the dump (two chunks for one step range: exit 4) is not retried: the dump
     #    task runs once though it has 3 retries, and the run fails with the dump's own line

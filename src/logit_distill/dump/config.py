@@ -92,6 +92,20 @@ class DumpConfig:
         _check_array_record_options(self.array_record_options)
         return self
 
+    @classmethod
+    def from_flat(cls, *, data_seed: int = 0, samples: int = 0, proposal_temperature: float = 1.0,
+                  tail_temperatures: str = "", tokenizer: str = "", model_parallel: int = 0, device_batch: int = 0,
+                  vocab_chunk: int = 0, **fields) -> "DumpConfig":
+        """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
+        ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
+        sampled selection only, ``data_seed`` for ``seed``."""
+        sampled = fields.get("selection", "topk") == "sampled"
+        return cls(seed=data_seed, samples=samples if sampled else None,
+                   proposal_temperature=proposal_temperature if sampled else 1.0,
+                   tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
+                   tokenizer=tokenizer or None, model_parallel=model_parallel or None,
+                   device_batch=device_batch or None, vocab_chunk=vocab_chunk or None, **fields)
+
     @property
     def inputs(self) -> dict:
         """The input paths by flag (outputs must not overlap them)."""

@@ -21,9 +21,10 @@ def store_fingerprint(store_uri: str) -> str:
     return manifest_mod.parse_manifest(paths.read_bytes(uri), uri)["fingerprint"]
 
 
-def train_key(store_uri: str, settings: dict) -> str:
-    """16 hex digits of SHA-256 over the store's fingerprint and ``settings`` (canonical JSON)."""
-    text = manifest_mod.canonical_json({"store": store_fingerprint(store_uri), "settings": settings})
+def train_key(store_uri: str, settings: dict, *, fingerprint: str | None = None) -> str:
+    """16 hex digits of SHA-256 over the store's fingerprint (read from ``store_uri``, or given: a planned
+    store's) and ``settings`` (canonical JSON)."""
+    text = manifest_mod.canonical_json({"store": fingerprint or store_fingerprint(store_uri), "settings": settings})
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
