@@ -11,8 +11,10 @@ import pytest
 from logit_distill.emulator import free_port
 
 
-# Set before anything imports gcsfs; subprocesses started by tests inherit them.
-os.environ.setdefault("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
+# Set before anything imports gcsfs; subprocesses started by tests inherit them. Each pytest-xdist worker
+# starts its own emulator, on its own port (a worker inherits the controller's environment).
+if os.environ.get("PYTEST_XDIST_WORKER") or "STORAGE_EMULATOR_HOST" not in os.environ:
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{free_port()}"
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Module- and session-scoped fixtures run before the per-test cache below: give them a fresh one too.
