@@ -169,7 +169,7 @@ def test_sampled_kl_matches_float64_reference():
     ids, counts, lp = (np.asarray(out[k][0]) for k in ("sample_ids", "sample_counts", "sample_logprobs"))
     for T, t in ((1.0, 1.0), (2.0, 2.0), (2.0, 1.0)):
         got = np.asarray(L.sampled_kl_per_token(z, ids[None], counts[None], lp[None], temperature=T,
-                                                proposal_temperature=t))[0]
+                                                proposal_temperature=t, allow_biased_temperature=T != t))[0]
         for j in range(Lq):
             u = counts[j] > 0
             lpj = lp[j][u].astype(np.float64)
@@ -285,6 +285,9 @@ def test_train_offline_and_online_sampled(setup, tmp_path):
     assert np.isfinite(r.metrics["kd_loss"]) and r.metrics["kd_loss"] > 0
     with pytest.raises(InputError, match="does not fit"):
         train_student(store=ref, output=str(tmp_path / "bad"), loss="topk_tail_kl", **common)
+    with pytest.raises(InputError, match="biased"):  # T != the store's proposal temperature
+        train_student(store=ref, output=str(tmp_path / "hot"), temperature=2.0, **common)
+    assert not os.path.exists(tmp_path / "hot")
     # Online sampling with the dump's keys gives the stored draws.
     teacher = load_model(setup["teacher"])
     ex = ExampleSource.open(setup["data"], teacher.tokenizer_path, seq_len=32, packing=True, seed=0)

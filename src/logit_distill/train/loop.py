@@ -30,7 +30,7 @@ from ..outputs import check_output
 from ..signals import Interrupted, StopOnSignal
 from . import checkpointing, loader
 from .evaluate import evaluate, open_eval_data
-from .losses import DEFAULT_LOSS, FIELDS, KINDS, accumulation_scales, distill_loss
+from .losses import DEFAULT_LOSS, FIELDS, KINDS, accumulation_scales, check_sampled_temperature, distill_loss
 from . import schedules
 from .schedules import ALPHA_KINDS, learning_rate_schedule
 
@@ -422,6 +422,8 @@ def train_student(
                                f"store {store}")
         source_identity = {"mode": "offline", "store_fingerprint": st.manifest["fingerprint"]}
 
+    if loss == "sampled_kl":  # draws made at t give a biased signal at T != t: refused before any output
+        check_sampled_temperature(temperature, proposal_temperature)
     student_model = open_student(student, vocab_size=vocab_size, seq_len=L, where=where)
     _check_tokenizer(student, student_model.tokenizer_path, *reference_tokenizer, allow=allow_tokenizer_mismatch,
                      output=output)
