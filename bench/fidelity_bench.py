@@ -3,8 +3,9 @@ teacher's whole distribution, against the bytes it stores per position.
 
 The set-up (docs/BENCHMARKS.md reports it; the figures come from ``python -m bench.run --only fidelity``):
 
-- Teacher: a Qwen3-style network, vocabulary 4096, whose LM head is scaled so that its next-token
-  distributions have about 3 nats of entropy and 0.92 of their mass on the top 64 (reported).
+- Teacher: a Qwen3-style network (2 layers, width 64) whose LM head is scaled so that its next-token
+  distributions have about 3 nats of entropy: vocabulary 1024, head x21 (top-64 mass 0.94), the default
+  group (the rows of ``fid_rows``); ``--full``: vocabulary 4096, head x25 (top-64 mass 0.92), every row.
 - Data: documents sampled from the teacher (so it is the best model of them): training, validation
   (the stopping rule) and test (the figures) documents.
 - Stores: simulated, not dumped: the teacher's logits over the training documents go through the
@@ -12,7 +13,8 @@ The set-up (docs/BENCHMARKS.md reports it; the figures come from ``python -m ben
   keys, then through the byte layout's encoder and decoder (``bench/hybrid_codec.py``, the default codec's
   pieces); students train on what the decoder gives back, and the bytes per position are the encoded
   records' (header, runs and tokens included). Sampled stores draw with the seed of the row's seed.
-- Students: the same architecture, their own initialisation per seed; the seeds of a row train together
+- Students: the same family, smaller (``fid_student_layers``, ``fid_student_width``: one layer by default),
+  their own initialisation per seed; the seeds of a row train together
   (``jax.vmap`` over the seeds), each on its own shuffle. Adam (b1 0.9, b2 0.95), clipping at 1,
   alpha 1 (CE only: 0), T 1, ``losses.distill_loss`` as training uses it.
 - Stopping rule (per seed): the validation KL(teacher || student) over the full vocabulary is measured
@@ -527,7 +529,8 @@ def fidelity(size: dict, rows: list[str] | None = None) -> dict:
                 "reference": REFERENCE,
                 "teacher": f"Qwen3-style, 2 layers, width 64, vocab {size['fid_vocab']}, LM head "
                            f"x{size['fid_head_scale']:g}",
-                "student": "the same architecture, its own random init per seed",
+                "student": f"Qwen3-style, {size['fid_student_layers']} layer(s), width {size['fid_student_width']}, "
+                           "its own random init per seed",
                 "teacher_test_entropy_nats": stats["entropy_nats"],
                 "teacher_test_top8_mass": stats["top8_mass"],
                 "teacher_test_top64_mass": stats["top64_mass"],
