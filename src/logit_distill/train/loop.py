@@ -423,7 +423,7 @@ def train_student(
         source_identity = {"mode": "offline", "store_fingerprint": st.manifest["fingerprint"]}
 
     if loss == "sampled_kl":  # draws made at t give a biased signal at T != t: refused before any output
-        check_sampled_temperature(temperature, proposal_temperature)
+        check_sampled_temperature(temperature, proposal_temperature, where=where)
     student_model = open_student(student, vocab_size=vocab_size, seq_len=L, where=where)
     _check_tokenizer(student, student_model.tokenizer_path, *reference_tokenizer, allow=allow_tokenizer_mismatch,
                      output=output)

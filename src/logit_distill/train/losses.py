@@ -138,10 +138,12 @@ def _require_tempered_tail(temperature, tempered_tail, what: str) -> None:
             "tempered as if it were one token, which optimises another objective")
 
 
-def check_sampled_temperature(temperature, proposal_temperature, *, allow_biased_temperature=False) -> None:
+def check_sampled_temperature(temperature, proposal_temperature, *, allow_biased_temperature=False,
+                              where: str = "") -> None:
     """``InputError`` unless draws made at ``proposal_temperature`` (t) give an unbiased signal at the
     training ``temperature`` (T): T == t, both Python numbers. At T != t the importance weights are
-    self-normalised, a bias of order 1/N (docs/LOSSES.md); ``allow_biased_temperature`` accepts it."""
+    self-normalised, a bias that shrinks only about as fast as the draws' noise (docs/LOSSES.md);
+    ``allow_biased_temperature`` accepts it. ``where`` (e.g. "store gs://...") goes into the message."""
     if allow_biased_temperature:
         return
     T, t = _concrete(temperature), _concrete(proposal_temperature)
@@ -150,7 +152,8 @@ def check_sampled_temperature(temperature, proposal_temperature, *, allow_biased
                          "(a traced value cannot be checked for T == t); or pass allow_biased_temperature=True")
     if T != t:
         raise InputError(
-            f"a sampled loss at temperature {T:g} from draws made at proposal temperature {t:g} is biased "
+            f"a sampled loss at temperature {T:g} from draws made at proposal temperature {t:g}"
+            f"{f' ({where})' if where else ''} is biased "
             f"(self-normalised importance weights, docs/LOSSES.md); train at temperature {t:g}, dump the store "
             f"at --proposal-temperature {T:g}, or accept the bias explicitly (allow_biased_temperature)")
 
