@@ -1,35 +1,48 @@
 # logit-distill: `make demo` runs the main job, `make test` the test suite.
-# Both create or refresh .venv from pyproject.toml first.
+# Both create or refresh .venv from pyproject.toml first: the demo installs only what it needs
+# (the package and the pipeline tools), the tests add their extras (the reference models).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: venv test demo compile lock bench clean
+.PHONY: venv test quick-test demo compile lock bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[pipelines]'
+	touch $(DEMO_STAMP)
+
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e '.[pipelines,test]'
-	touch $(STAMP)
+	touch $(TEST_STAMP) $(DEMO_STAMP)
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
+# the quick loop: everything but the multi-process, kill and image tests (pytest -m slow)
+quick-test: $(TEST_STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+demo: $(DEMO_STAMP)
 	$(PY) -m pipelines.demo
 
-compile: $(STAMP)
+compile: $(DEMO_STAMP)
 	$(PY) -m pipelines.compile
 
-# containers/requirements.lock: the component image's packages, pinned with hashes (run on Linux x86_64).
-lock: $(STAMP)
+# containers/requirements-{cpu,cuda,tpu}.lock: the component image's packages per backend, pinned with hashes,
+# from containers/image.toml (run on Linux x86_64, CPython 3.11: the image's platform).
+lock: $(DEMO_STAMP)
 	$(PY) containers/lock.py
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m bench.run
 
 clean:

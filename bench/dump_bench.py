@@ -17,12 +17,24 @@ from .common import BENCH_TEACHER, log
 # ----------------------------------------------------------------------------- selection
 
 
+def teacher_logsumexp(apply):
+    """Forward + logsumexp only: the baseline of the selection-cost benchmark."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def teacher_lse(params, tokens, positions, segment_ids):
+        return jax.nn.logsumexp(apply(params, tokens, positions, segment_ids).astype(jnp.float32), axis=-1)
+
+    return teacher_lse
+
+
 def selection(size: dict) -> dict:
     """(forward + top-k) / (forward + logsumexp) of the bench teacher on one [1, L] example."""
     import jax
     import jax.numpy as jnp
 
-    from logit_distill.topk import make_teacher_lse, make_teacher_topk
+    from logit_distill.selection import make_teacher_topk
 
     L, k = size["selection_seq_len"], 64
     model = common.build(BENCH_TEACHER, 0)
@@ -32,9 +44,10 @@ def selection(size: dict) -> dict:
     positions = jnp.arange(L, dtype=jnp.int32)[None]
     segment_ids = jnp.ones((1, L), jnp.int32)
     topk_fn = make_teacher_topk(model.apply, k)
-    lse_fn = make_teacher_lse(model.apply)
+    lse_fn = teacher_logsumexp(model.apply)
+    index = jnp.zeros((1,), jnp.int32)
     fns = {
-        "forward_topk": lambda: jax.block_until_ready(topk_fn(params, tokens, positions, segment_ids)),
+        "forward_topk": lambda: jax.block_until_ready(topk_fn(params, tokens, positions, segment_ids, index)),
         "forward_logsumexp": lambda: jax.block_until_ready(lse_fn(params, tokens, positions, segment_ids)),
     }
     for fn in fns.values():  # compile
@@ -75,9 +88,10 @@ def _dump_setup(size: dict) -> tuple:
 
 def dump(size: dict, want: set) -> dict:
     """The dump (run_dump: scan, compute, encode, write, commit) against the same compute with nothing
-    written (prepare + _Compute over the same batches, outputs fetched to host), interleaved."""
-    from logit_distill import dump as dump_mod
-    from logit_distill.dump import run_dump
+    written (the same loading + TeacherStep over the same batches, outputs fetched to host), interleaved."""
+    from logit_distill.dump import TeacherStep, run_dump
+    from logit_distill.dump.run import load_teacher_and_data
+    from logit_distill.dump.teacher_step import dump_mesh
 
     config = _dump_setup(size)
     L, B, N = config.seq_len, config.batch_size, config.num_steps
@@ -88,9 +102,11 @@ def dump(size: dict, want: set) -> dict:
     last = {}
 
     def compute_only(keep: bool = False):
-        teacher, source, manifest = dump_mod.prepare(config)
-        t0 = time.perf_counter()  # the span run_dump's tokens_per_s covers: from building _Compute
-        compute = dump_mod._Compute(teacher, config)
+        mesh = dump_mesh(config)
+        teacher, source, plan = load_teacher_and_data(config, mesh)
+        manifest = plan.manifest
+        t0 = time.perf_counter()  # the span run_dump's tokens_per_s covers: from building the TeacherStep
+        compute = TeacherStep(teacher, config, mesh)
         pending = None
 
         def finish(item):
@@ -289,7 +305,7 @@ def resume(size: dict) -> dict:
     """
     from logit_distill import store as store_mod
     from logit_distill.data import write_pretokenized
-    from logit_distill.dump import DumpConfig, plan_manifest, run_dump
+    from logit_distill.dump import DumpConfig, plan_dump, run_dump
 
     n_chunks = size["resume_chunks"]
     S = 1
@@ -301,7 +317,7 @@ def resume(size: dict) -> dict:
         uri = os.path.join(root, name)
         config = DumpConfig(teacher="preset:tiny-qwen3", data=data, output=uri, top_k=4, seq_len=8,
                             batch_size=1, num_steps=(count + 1) * S, steps_per_file=S, progress=False)
-        manifest = plan_manifest(config)
+        manifest = plan_dump(config).manifest
         store_mod.init_store(uri, manifest)
         seed_dir = os.path.join(root, f"seed-{name}")
         store_mod.init_store(seed_dir, manifest)

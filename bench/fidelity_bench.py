@@ -134,7 +134,8 @@ def _select_fn(teacher, selection: str, settings: dict):
     """jitted ``(params, tokens, positions, segment_ids, example_index, seed) -> selection's fields``."""
     import jax
 
-    from logit_distill import hybrid_selection, topk
+    from logit_distill import hybrid_selection
+    from logit_distill import selection as topk
 
     def run(params, tokens, positions, segment_ids, example_index, seed):
         logits = teacher.apply(params, tokens, positions, segment_ids)

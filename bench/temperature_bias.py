@@ -24,7 +24,7 @@ def measure(V: int, sigma: float, noise: float, N: int, T: float, t: float, M: i
     import jax
     import jax.numpy as jnp
 
-    from logit_distill.topk import sample_keys, select_sampled
+    from logit_distill.selection import sample_keys, select_sampled
     from logit_distill.train.losses import sampled_kl_per_token
 
     rng = np.random.default_rng(seed)

@@ -10,6 +10,8 @@ import numpy as np
 
 from . import common
 from .common import BENCH_STUDENT, BENCH_TEACHER, log
+from logit_distill.verify import VerifyConfig
+from logit_distill.train import TrainConfig
 
 
 def _synthetic_store(name: str, *, seq_len: int, batch: int, steps: int, steps_per_file: int,
@@ -41,7 +43,7 @@ def verify(size: dict) -> dict:
     reports = []
 
     def run_verify():
-        reports.append(verify_store(uri, progress=False))
+        reports.append(verify_store(VerifyConfig(store=uri, progress=False)))
 
     def decode_pass():
         n = 0
@@ -90,9 +92,10 @@ def train(size: dict) -> dict:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from logit_distill.store import open_store
-    from logit_distill.topk import make_teacher_topk
+    from logit_distill.selection import make_teacher_topk
     from logit_distill.train import loader as loader_mod
-    from logit_distill.train.loop import make_mesh, make_optimizer, make_train_step
+    from logit_distill.models.sharding import make_mesh
+    from logit_distill.train.step import make_optimizer, make_train_step
     from logit_distill.train.losses import distill_loss
 
     L, B, k = size["train_seq_len"], size["train_batch"], 64
@@ -102,7 +105,7 @@ def train(size: dict) -> dict:
     store = open_store(uri)
     loader_mod.verify_store_for_training(store, loss="topk_kl")
 
-    mesh = make_mesh()
+    mesh = make_mesh(jax.devices())
     sharding = NamedSharding(mesh, P("data"))
     replicated = NamedSharding(mesh, P())
 
@@ -132,6 +135,7 @@ def train(size: dict) -> dict:
 
     ce_step = jax.jit(ce_only_train_step, donate_argnums=(0,))
     teacher_fn = make_teacher_topk(teacher.apply, k)  # as train_student's online mode
+    example_index = jnp.zeros((B,), jnp.int32)
     teacher_params = jax.device_put(teacher.params, replicated)
 
     # One batch from the store, through the real loader (same fields train_student puts on device).
@@ -158,7 +162,7 @@ def train(size: dict) -> dict:
 
     def run_online():
         batch = put(model_host)
-        out = teacher_fn(teacher_params, batch["tokens"], batch["positions"], batch["segment_ids"])
+        out = teacher_fn(teacher_params, batch["tokens"], batch["positions"], batch["segment_ids"], example_index)
         batch.update({key: v for key, v in out.items() if key in kd_fields})
         states["online"], m = kd_step(states["online"], batch, alpha)
         jax.block_until_ready(m["loss"])
@@ -276,8 +280,8 @@ def kd_vs_ce(size: dict) -> dict:
                        loss="topk_tail_kl", checkpoint_every=steps, progress=False, seed=0)
     log(f"kd: training {student_spec} {steps} steps with KD and with CE only")
     t0 = time.perf_counter()
-    kd = train_student(output=os.path.join(root, "kd"), alpha=1.0, **common_args)
-    ce = train_student(output=os.path.join(root, "ce"), alpha=0.0, **common_args)
+    kd = train_student(TrainConfig(output=os.path.join(root, "kd"), alpha=1.0, **common_args))
+    ce = train_student(TrainConfig(output=os.path.join(root, "ce"), alpha=0.0, **common_args))
     train_s = time.perf_counter() - t0
     examples = open_eval_data(eval_data, tokenizer, seq_len=L, packing=True, vocab_size=teacher.vocab_size)
 

@@ -17,6 +17,14 @@ latest checkpoint. On a multi-host job only process 0 writes the task's
 outputs; the others exit 0 once the training and its export are done.
 ``resources`` (what the pipeline requested for the task) is recorded in the
 model's metadata; configuration values are metadata, not metrics.
+
+A deterministic failure of the tool (bad input such as a mistyped
+``eval_data`` or a student whose tokenizer differs, exit 2; non-finite values,
+3; a damaged store, 4) does not fail the task, which a retry would only repeat
+on a new accelerator job: the task succeeds with the one-line error in
+``error`` and its code in ``exit_code`` (0 when it trained), and the pipeline's
+``fail_on_error`` task fails the run with that line. Anything else (a
+preemption, a crash) fails the task, which its retry policy runs again.
 """
 
 from typing import NamedTuple
@@ -53,17 +61,20 @@ def train_offline_student(
     output_dir: str = "",
     title: str = "",
     resources: dict = {},
-) -> NamedTuple("TrainOutputs", [("hf_dir", str)]):
+) -> NamedTuple("TrainOutputs", [("hf_dir", str), ("error", str), ("exit_code", int)]):
     """Train ``student`` on ``store.uri``; export it; report its loss curves. ``-1`` / ``""`` mean "default"."""
     import base64
+    import collections
     import html
-    import io
-    import json
     import os
+    import sys
 
     from logit_distill import paths
     from logit_distill.distributed import init_from_environment
-    from logit_distill.train import train_student
+    from logit_distill.errors import LogitDistillError
+    from logit_distill.failures import describe
+    from logit_distill.train import TrainConfig, train_student
+    from logit_distill.train.report import PLOT_NAME, outcome_lines, read_metrics
     from logit_distill.train.tensorboard import log_dir_for
 
     from logit_distill.logs import configure_from_environment
@@ -72,29 +83,35 @@ def train_offline_student(
     init_from_environment()
     import jax
 
-    from logit_distill.train.key import train_output
+    from logit_distill.train.key import train_output, training_settings
 
-    settings = {"student": student, "num_steps": num_steps, "batch_size": batch_size, "grad_accum": grad_accum,
-                "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed, "loss": loss,
-                "alpha": alpha, "alpha_end": alpha_end, "alpha_schedule": alpha_schedule,
-                "temperature": temperature}
-    if allow_tokenizer_mismatch:  # in the key only when set (as in the training's config): earlier folders resume
-        settings["allow_tokenizer_mismatch"] = True
-    # A folder named by the store and the settings: a retried or preempted task resumes there.
-    output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
-    result = train_student(
-        store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
-        learning_rate=learning_rate, warmup_steps=None if warmup_steps < 0 else warmup_steps, seed=seed,
-        loss=loss or None, alpha=alpha, alpha_end=None if alpha_end < 0 else alpha_end, alpha_schedule=alpha_schedule,
-        temperature=temperature, checkpoint_every=checkpoint_every, eval_data=eval_data or None,
-        max_eval_examples=max_eval_examples or None, grad_accum=grad_accum, log_every=log_every,
-        allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False,
-    )
+    outputs = collections.namedtuple("TrainOutputs", ["hf_dir", "error", "exit_code"])
+    settings = training_settings(
+        student=student, num_steps=num_steps, batch_size=batch_size, grad_accum=grad_accum,
+        learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
+        alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
+        allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+    try:
+        # A folder named by the store and the settings: a retried or preempted task resumes there.
+        output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
+        result = train_student(TrainConfig.from_flat(
+            store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
+            learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
+            alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
+            checkpoint_every=checkpoint_every, eval_data=eval_data, max_eval_examples=max_eval_examples,
+            grad_accum=grad_accum, log_every=log_every, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+            progress=False))
+    except LogitDistillError as e:  # deterministic: recorded for fail_on_error, not retried
+        code, line = describe(e)
+        line = f"logit-distill train: {line}"
+        print(line, file=sys.stderr, flush=True)
+        if jax.process_index() != 0:
+            raise SystemExit(0)
+        return outputs("", line, code)
     if jax.process_index() != 0:
         raise SystemExit(0)  # the checkpoint and export are complete; process 0 writes the task's outputs
     model.uri = result.output
-    metrics_uri = paths.join(result.output, "metrics.jsonl")
-    rows = [json.loads(line) for line in paths.read_bytes(metrics_uri).decode().splitlines() if line.strip()]
+    rows = read_metrics(result.output)
     model.metadata.update({
         "framework": "jax", "hf_dir": result.hf_dir or "", "export_dir": result.export_dir,
         "format": "orbax + " + ("huggingface safetensors" if result.hf_dir else "flax nnx safetensors + student.json"),
@@ -112,70 +129,28 @@ def train_offline_student(
         metrics.log_metric("eval_perplexity", round(float(result.eval["perplexity"]), 4))
         metrics.log_metric("eval_tokens", int(result.eval["num_tokens"]))
 
-    # ---- the report: loss curves (matplotlib, Agg) as an embedded PNG
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
-    steps = [r["step"] for r in rows]
-    for key, label in (("loss", "total"), ("kd_loss", "KD (teacher top-k)"), ("ce_loss", "CE (next token)")):
-        ax.plot(steps, [r[key] for r in rows], label=label)
-    if result.eval:
-        ax.axhline(result.eval["cross_entropy"], color="k", ls="--", lw=1,
-                   label=f"held-out CE {result.eval['cross_entropy']:.3f}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("nats / token")
-    ax.set_title("training loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax2.plot(steps, [r["learning_rate"] for r in rows], label="learning rate")
-    ax2.set_xlabel("optimizer step")
-    ax2.set_ylabel("learning rate")
-    ax3 = ax2.twinx()
-    ax3.plot(steps, [r["alpha"] for r in rows], color="tab:red", label="alpha (KD weight)")
-    ax3.set_ylabel("alpha")
-    ax3.set_ylim(-0.05, 1.05)
-    ax2.set_title("schedules")
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    png = base64.b64encode(buf.getvalue()).decode()
-
-    settings = {"student": student, "store": store.uri, "steps": num_steps, "batch_size": batch_size,
-                "grad_accum": grad_accum, "learning_rate": learning_rate, "loss": loss, "alpha": alpha,
-                "alpha_end": None if alpha_end < 0 else alpha_end, "alpha_schedule": alpha_schedule,
-                "temperature": temperature, "seed": seed, "output": result.output, "export": result.export_dir}
+    # ---- the report: the training's own figure (loss.png, written by the run) embedded in one page
+    png = base64.b64encode(paths.read_bytes(paths.join(result.output, PLOT_NAME))).decode()
+    shown = {"student": student, "store": store.uri, "steps": num_steps, "batch_size": batch_size,
+             "grad_accum": grad_accum, "learning_rate": learning_rate, "loss": loss, "alpha": alpha,
+             "alpha_end": None if alpha_end < 0 else alpha_end, "alpha_schedule": alpha_schedule,
+             "temperature": temperature, "seed": seed, "output": result.output, "export": result.export_dir}
     table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                    for k, v in settings.items())
-    outcome = []
-    if final:
-        outcome.append(f"final training loss {final.get('loss', float('nan')):.4f} "
-                       f"(KD {final.get('kd_loss', float('nan')):.4f}, CE {final.get('ce_loss', float('nan')):.4f})")
-    if result.eval:
-        outcome.append(f"held-out cross-entropy <b>{result.eval['cross_entropy']:.4f}</b> nats/token, "
-                       f"perplexity {result.eval['perplexity']:.2f} over {result.eval['num_tokens']} tokens")
-    if result.resumed_from_step is not None:
-        outcome.append(f"resumed from checkpoint step {result.resumed_from_step}")
+                    for k, v in shown.items())
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>student training</title>"
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "th,td{border:1px solid #ccc;padding:2px 8px;text-align:left}</style></head><body>"
         f"<h1>{html.escape(title or 'Offline distillation: student training')}</h1>"
-        f"<p>{'<br>'.join(outcome)}</p>"
+        f"<p>{'<br>'.join(html.escape(line) for line in outcome_lines(result, final))}</p>"
         f"<img alt='loss curves' src='data:image/png;base64,{png}'>"
         f"<h2>Settings</h2><table>{table}</table></body></html>"
     )
     os.makedirs(os.path.dirname(report.path) or ".", exist_ok=True)
     with open(report.path, "w", encoding="utf-8") as f:
         f.write(page)
-    import collections
-
     # a Flax NNX student has no HF export: its export folder (student/) is the model to register
-    return collections.namedtuple("TrainOutputs", ["hf_dir"])(result.hf_dir or result.export_dir)
+    return outputs(result.hf_dir or result.export_dir, "", 0)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
@@ -189,6 +164,8 @@ INPUTS = {
     "output_dir": "Train here instead of under <output_root>/students/<train_key>/ (a re-run resumes from it).",
     "title": "Title of the report.",
     "resources": "The resources the pipeline requested for the task (recorded in the model's metadata).",
+    "error": "The tool's one-line error when it failed deterministically (exit 2, 3, 4), else empty.",
+    "exit_code": "That error's exit code (docs/ERRORS.md); 0 when the student trained.",
 }
 
 

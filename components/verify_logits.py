@@ -37,15 +37,15 @@ def verify_logits(
     import os
 
     from logit_distill.logs import configure_from_environment
-    from logit_distill.verify import verify_store
+    from logit_distill.verify import VerifyConfig, verify_store
 
     configure_from_environment()
 
-    result = verify_store(
-        store.uri, expected_steps=expected_steps or None, data=data or None, tokenizer=tokenizer or None,
+    result = verify_store(VerifyConfig(
+        store=store.uri, expected_steps=expected_steps or None, data=data or None, tokenizer=tokenizer or None,
         teacher=teacher or None, spot_check=spot_check if teacher else 0, sample=sample, seed=seed,
         workers=max(1, workers), progress=False,
-    )
+    ))
     os.makedirs(os.path.dirname(report.path) or ".", exist_ok=True)
     with open(report.path, "w", encoding="utf-8") as f:
         f.write(result.markdown())

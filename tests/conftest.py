@@ -53,3 +53,30 @@ def store_root(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "stores")
     return request.getfixturevalue("gcs_bucket") + "/stores"
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A tiny tmpfs at ``tmp_path/mnt``: ``mount(size)``; ``read_only()`` remounts it read-only."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = []
+
+    class FS:
+        path = mnt
+
+        def mount(self, size="512k"):
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"mounting a tmpfs needs root with CAP_SYS_ADMIN: {r.stderr.strip()}")
+            mounted.append(mnt)
+
+        def read_only(self):
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+    yield FS()
+    for m in mounted:
+        subprocess.run(["umount", "-l", str(m)], check=False)

@@ -14,7 +14,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=int(num_processes),
                            process_id=int(process_id))
 
-from logit_distill.cli import report_failure  # noqa: E402
+from logit_distill.cli.main import report_failure  # noqa: E402
 from logit_distill.dump import DumpConfig, run_dump  # noqa: E402
 
 num_steps = int(sys.argv[7]) if len(sys.argv) > 7 else 6

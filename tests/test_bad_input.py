@@ -15,6 +15,8 @@ import pytest
 from logit_distill import paths
 from logit_distill.cli import main
 from logit_distill.errors import InputError
+from logit_distill.verify import VerifyConfig
+from logit_distill.train import TrainConfig
 
 from store_helpers import small_manifest, write_store
 
@@ -90,8 +92,8 @@ def test_verify_report_json_on_a_folder_is_refused(small_store, tmp_path, capsys
 
 def test_verify_report_next_to_the_store_is_written_atomically(small_store, tmp_path, capsys):
     report = tmp_path / "reports" / "verify.json"
-    code, out, _ = run_cli(capsys, "verify", "--store", small_store, "--no-progress", "--report-json", report)
-    assert code == 0 and "verify passed" in out
+    code, _, err = run_cli(capsys, "verify", "--store", small_store, "--no-progress", "--report-json", report)
+    assert code == 0 and err.splitlines()[-1].startswith("logit-distill verify: passed: ")
     assert report.read_text().startswith("{")
     assert os.listdir(report.parent) == ["verify.json"]  # no temporary left
 
@@ -140,7 +142,7 @@ def test_dump_output_equal_to_the_data_is_refused(tmp_path, capsys):
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, "dump", "--teacher", "preset:tiny-qwen3", "--data", data,
                            "--output", data, "--quiet")
-    assert_one_line_error(code, err, command="dump", contains=("is also the input --data",))
+    assert_one_line_error(code, err, command="dump", contains=("is the input --data",))
     assert snapshot(tmp_path) == before
 
 
@@ -290,7 +292,7 @@ def test_two_dumps_at_once_never_crash_or_corrupt(dump_setup, tmp_path, gcs_buck
                     assert "process " in last  # names the holder
                 codes.append(proc.returncode)
             assert 0 in codes, (where, delay, codes)
-            assert verify_store(out, progress=False).passed, (where, delay)
+            assert verify_store(VerifyConfig(store=out, progress=False)).passed, (where, delay)
             assert chunk_bytes(out) == want, f"{where}, delay {delay} s: differs from the uninterrupted dump"
             assert not paths.exists(paths.join(out, "lease.json"))  # released
 
@@ -369,7 +371,7 @@ def test_dump_refuses_a_stale_lease_until_force_takeover(dump_setup, tmp_path, c
     code, _, err = run_cli(capsys, *args, "--force-takeover")
     assert code == 0, err
     assert not os.path.exists(leftover)  # removed once the lease is ours
-    assert verify_store(out, progress=False).passed
+    assert verify_store(VerifyConfig(store=out, progress=False)).passed
     assert not os.path.exists(os.path.join(out, "lease.json"))
 
 
@@ -548,7 +550,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(after_s, dump_setup, tm
     if proc.returncode == 0:  # finished before the signal came (or it came during teardown): the store is whole
         from logit_distill.verify import verify_store
 
-        assert verify_store(str(out), progress=False).passed
+        assert verify_store(VerifyConfig(store=str(out), progress=False)).passed
         return
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
@@ -565,40 +567,13 @@ def test_ctrl_c_during_teardown_keeps_the_exit_code():
     import sys
 
     code = ("import atexit, os, signal, sys, time\n"
-            "from logit_distill.cli import _keep_exit_code_on_interrupt\n"
+            "from logit_distill.cli.main import keep_exit_code_on_interrupt as _keep_exit_code_on_interrupt\n"
             "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
             "_keep_exit_code_on_interrupt()\n"
             "sys.exit(3)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """A tiny tmpfs at ``tmp_path/mnt``: ``mount(size)``; ``read_only()`` remounts it read-only."""
-    import subprocess
-
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    mounted = []
-
-    class FS:
-        path = mnt
-
-        def mount(self, size="512k"):
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                pytest.skip(f"mounting a tmpfs needs root with CAP_SYS_ADMIN: {r.stderr.strip()}")
-            mounted.append(mnt)
-
-        def read_only(self):
-            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
-
-    yield FS()
-    for m in mounted:
-        subprocess.run(["umount", "-l", str(m)], check=False)
 
 
 def test_dump_into_a_read_only_folder_is_one_line(small_fs, tmp_path, capsys):
@@ -806,9 +781,9 @@ def test_train_library_refuses_bad_floats(train_setup, tmp_path):
 
     for kw in ({"temperature": float("inf")}, {"max_grad_norm": 0.0}, {"max_grad_norm": -1.0},
                {"weight_decay": float("nan")}, {"alpha": float("nan")}):
-        with pytest.raises(InputError, match="must be finite and"):
-            train_student(store=train_setup["store"], student=train_setup["student"],
-                          output=str(tmp_path / "o"), num_steps=1, batch_size=4, progress=False, **kw)
+        with pytest.raises(InputError, match="must be a finite number"):
+            train_student(TrainConfig(store=train_setup["store"], student=train_setup["student"],
+                          output=str(tmp_path / "o"), num_steps=1, batch_size=4, progress=False, **kw))
     assert not (tmp_path / "o").exists()
 
 

@@ -139,9 +139,12 @@ def _assert_matches(src, expected):
     assert len(src) == len(expected)
     for i, (t, s, p) in enumerate(expected):
         ex = src[i]
-        assert set(ex) == {"tokens", "segment_ids", "positions"}
-        for k in ex:
+        assert set(ex) == {"tokens", "segment_ids", "positions", "loss_mask"}
+        for k in ("tokens", "segment_ids", "positions"):
             assert ex[k].dtype == np.int32 and ex[k].shape == (src.seq_len,)
+        # Text: the loss mask is the next-token mask of the segments (same segment, not padding).
+        want = [s[j] != 0 and j + 1 < len(s) and s[j + 1] == s[j] for j in range(len(s))]
+        assert ex["loss_mask"].dtype == bool and ex["loss_mask"].tolist() == want, f"loss_mask of example {i}"
         np.testing.assert_array_equal(ex["tokens"], t, err_msg=f"tokens of example {i}")
         np.testing.assert_array_equal(ex["segment_ids"], s, err_msg=f"segment_ids of example {i}")
         np.testing.assert_array_equal(ex["positions"], p, err_msg=f"positions of example {i}")

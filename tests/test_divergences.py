@@ -12,7 +12,7 @@ import pytest
 
 from logit_distill import hybrid_selection
 from logit_distill.errors import InputError
-from logit_distill.topk import sample_keys, select_sampled, select_topk
+from logit_distill.selection import sample_keys, select_sampled, select_topk
 from logit_distill.train import divergences as D
 from logit_distill.train import losses as L
 

@@ -22,7 +22,8 @@ from logit_distill.errors import InputError
 from logit_distill.models import load_model, load_student
 from logit_distill.models.flax_student import TokensAndMask, parse_spec
 from logit_distill.train import sample_from_teacher, train_student
-from logit_distill.train.cli import main as cli_main
+from logit_distill.cli import main as cli_main
+from logit_distill.train import TrainConfig
 
 from test_train_helpers import VOCAB, make_model_dir, write_teacher_store
 
@@ -78,8 +79,8 @@ def _no_step_taken(output):
 def test_example_student_learns_more_from_kd_than_ce_and_reloads(setup, tmp_path, spec):
     common = dict(store=setup["store"], student=spec, num_steps=30, batch_size=8, learning_rate=1e-2, loss="topk_kl",
                   eval_data=setup["eval_data"], checkpoint_every=100, log_every=5, progress=False)
-    kd = train_student(output=str(tmp_path / "kd"), alpha=0.5, **common)
-    ce = train_student(output=str(tmp_path / "ce"), alpha=0.0, **common)
+    kd = train_student(TrainConfig(output=str(tmp_path / "kd"), alpha=0.5, **common))
+    ce = train_student(TrainConfig(output=str(tmp_path / "ce"), alpha=0.0, **common))
     assert kd.eval["cross_entropy"] < ce.eval["cross_entropy"] - 0.3, (kd.eval, ce.eval)
 
     # the export: safetensors by flat parameter name + student.json; load_student rebuilds the module
@@ -110,13 +111,13 @@ SMALL_RUN = dict(student=SMALL_TRANSFORMER, num_steps=4, batch_size=4, learning_
 @pytest.fixture(scope="module")
 def small_offline_run(setup, tmp_path_factory):
     """A few steps of a small transformer on the store, on one device (the reference of two tests)."""
-    return train_student(store=setup["store"], output=str(tmp_path_factory.mktemp("small") / "off"), **SMALL_RUN)
+    return train_student(TrainConfig(store=setup["store"], output=str(tmp_path_factory.mktemp("small") / "off"), **SMALL_RUN))
 
 
 def _cli_cmd(setup, output, num_steps):
-    return [sys.executable, "-m", "logit_distill.train.cli", "train", "--store", setup["store"],
+    return [sys.executable, "-m", "logit_distill.cli", "train", "--store", setup["store"],
             "--student", SMALL_RECURRENT, "--output", output, "--num-steps", str(num_steps),
-            "--batch-size", "4", "--checkpoint-every", "10", "--log-every", "10", "--no-progress"]
+            "--batch-size", "4", "--checkpoint-every", "10", "--log-every", "10", "--no-progress", "--json"]
 
 
 def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
@@ -144,8 +145,8 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     assert summary["export_dir"].endswith("student") and summary["hf_dir"] is None
     assert [r["step"] for r in _metrics(killed)] == list(range(10, steps + 1, 10))
 
-    whole = train_student(store=setup["store"], student=SMALL_RECURRENT, output=str(tmp_path / "whole"),
-                          num_steps=steps, batch_size=4, checkpoint_every=1000, log_every=10, progress=False)
+    whole = train_student(TrainConfig(store=setup["store"], student=SMALL_RECURRENT, output=str(tmp_path / "whole"),
+                          num_steps=steps, batch_size=4, checkpoint_every=1000, log_every=10, progress=False))
     assert _max_diff(os.path.join(killed, "student"), whole.export_dir) <= 1e-6
     assert _metrics(killed)[-1]["loss"] == pytest.approx(whole.metrics["loss"], abs=1e-6)
 
@@ -153,8 +154,8 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
 def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, small_offline_run, tmp_path):
     off = small_offline_run
     n = len(store_mod.open_store(setup["store"]))
-    on = train_student(teacher=setup["teacher"], data=setup["train_data"], top_k=TOP_K, seq_len=SEQ_LEN,
-                       num_examples=n, output=str(tmp_path / "on"), **SMALL_RUN)
+    on = train_student(TrainConfig(teacher=setup["teacher"], data=setup["train_data"], top_k=TOP_K, seq_len=SEQ_LEN,
+                       num_examples=n, output=str(tmp_path / "on"), **SMALL_RUN))
     assert _max_diff(off.export_dir, on.export_dir) <= 1e-4
     assert on.metrics["kd_loss"] == pytest.approx(off.metrics["kd_loss"], abs=1e-4)
 
@@ -169,23 +170,25 @@ def test_fsdp_on_two_devices_follows_the_annotations_and_matches_one_device(setu
     script = (
         "import sys, json, jax\n"
         "from logit_distill.errors import InputError\n"
-        "from logit_distill.train.loop import make_mesh\n"
-        "from logit_distill.train.student import open_student\n"
-        "from logit_distill.train import train_student\n"
+        "from logit_distill.models.sharding import make_mesh\n"
+        "from logit_distill.train.student import describe_student, open_student\n"
+        "from logit_distill.train import TrainConfig, train_student\n"
         "assert jax.device_count() == 2, jax.devices()\n"
-        f"s = open_student({spec!r}, vocab_size={VOCAB}, seq_len={SEQ_LEN}, where='test')\n"
-        "state = s.place({'params': s.params, 'opt_state': {'mu': s.params}}, make_mesh(), 'fsdp')\n"
+        f"s = open_student(describe_student({spec!r}, vocab_size={VOCAB}, seq_len={SEQ_LEN}, where='test'), "
+        f"seq_len={SEQ_LEN})\n"
+        "state = s.place({'params': s.params, 'opt_state': {'mu': s.params}}, make_mesh(jax.devices()), 'fsdp')\n"
         "specs = {k: [str(a) for a in v.sharding.spec] for k, v in state['params'].items()}\n"
         "mu = {k: [str(a) for a in v.sharding.spec] for k, v in state['opt_state']['mu'].items()}\n"
         "assert specs == mu, (specs, mu)\n"
-        f"odd = open_student({RECURRENT + '?width=15'!r}, vocab_size={VOCAB}, seq_len={SEQ_LEN}, where='test')\n"
+        f"odd = open_student(describe_student({RECURRENT + '?width=15'!r}, vocab_size={VOCAB}, seq_len={SEQ_LEN}, "
+        f"where='test'), seq_len={SEQ_LEN})\n"
         "try:\n"
-        "    odd.place({'params': odd.params}, make_mesh(), 'fsdp')\n"
+        "    odd.place({'params': odd.params}, make_mesh(jax.devices()), 'fsdp')\n"
         "    raise SystemExit('an annotation the devices do not divide was placed')\n"
         "except InputError as e:\n"
         "    assert 'which do not divide 15' in str(e), e\n"
         "print(json.dumps(specs))\n"
-        f"train_student(output=sys.argv[1], param_sharding='fsdp', **{common!r})\n"
+        f"train_student(TrainConfig(output=sys.argv[1], param_sharding='fsdp', **{common!r}))\n"
     )
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -260,9 +263,10 @@ def test_spec_values_are_json_literals_else_strings():
 def test_adapter_for_tokens_and_mask_modules_gives_logits_and_gradients():
     import jax
 
-    from logit_distill.train.student import open_student
+    from logit_distill.train.student import describe_student, open_student
 
-    s = open_student("flax:test_flax_student:masked", vocab_size=VOCAB, seq_len=8, where="test")
+    s = open_student(describe_student("flax:test_flax_student:masked", vocab_size=VOCAB, seq_len=8, where="test"),
+                     seq_len=8)
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
     positions = jnp.tile(jnp.arange(8, dtype=jnp.int32), (2, 1))
     segment_ids = jnp.asarray([[1] * 4 + [2] * 4, [1] * 6 + [0] * 2], jnp.int32)

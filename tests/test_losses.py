@@ -588,7 +588,7 @@ def test_kd_metric_note_says_what_the_metric_is():
 def test_sampled_kl_value_is_unbiased_at_t_1_and_an_estimate_at_t_2():
     """The kd_loss metric of a sampled store over many independent draw sets: its mean is the exact
     KL at T = t = 1; at T = t = 2 log Z_T comes from the draws and the mean misses (kd_metric_note)."""
-    from logit_distill.topk import sample_keys, select_sampled
+    from logit_distill.selection import sample_keys, select_sampled
 
     rng = np.random.default_rng(35)
     v, n, m = 30, 2, 4000
@@ -613,7 +613,7 @@ def test_sampled_kl_value_is_unbiased_at_t_1_and_an_estimate_at_t_2():
 def test_online_draws_change_per_epoch_and_keep_the_dumps_in_epoch_0():
     import grain
 
-    from logit_distill.topk import sample_keys, select_sampled
+    from logit_distill.selection import sample_keys, select_sampled
     from logit_distill.train import epochs
     from logit_distill.train.loader import build_dataset
 

@@ -18,8 +18,10 @@ from dump_helpers import chunk_bytes, cli, dump_args, teacher_dir, write_corpus
 from logit_distill import codec, store
 from logit_distill.dump import DumpConfig, run_dump
 from logit_distill.errors import ConfigMismatchError, InputError
-from logit_distill.topk import sample_keys, select_sampled, select_topk
+from logit_distill.selection import sample_keys, select_sampled, select_topk
 from logit_distill.train import losses as L
+from logit_distill.verify import VerifyConfig
+from logit_distill.train import TrainConfig
 
 
 def np_log_softmax(x, axis=-1):
@@ -124,7 +126,7 @@ def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
         assert s.manifest["codec"]["sampled_layout"] == codec.SAMPLED_LAYOUT
     rec = s.read(5)
     assert (rec["sample_counts"].sum(-1) == 16).all()
-    report = verify_store(ref, teacher=setup["teacher"], spot_check=2, progress=False)
+    report = verify_store(VerifyConfig(store=ref, teacher=setup["teacher"], spot_check=2, progress=False))
     assert report.passed, report.failure_line()
     # Another N or selection is refused; nothing changes.
     with pytest.raises(ConfigMismatchError, match="shapes.num_samples"):
@@ -152,7 +154,7 @@ def test_verify_catches_counts_that_do_not_sum_to_n(tmp_path):
             "positions": np.tile(np.arange(8, dtype=np.int32), (2, 1)), "sample_ids": ids, "sample_counts": counts,
             "sample_logprobs": lp, "example_index": np.arange(2)}
     store.write_examples(uri, manifest, 0, {0: step})
-    report = verify_store(uri, progress=False)
+    report = verify_store(VerifyConfig(store=uri, progress=False))
     assert not report.passed and "do not sum to N = 4" in report.failure_line()
     assert "example 1" in report.failure_line() and "position 5" in report.failure_line()
 
@@ -231,7 +233,7 @@ def test_topk_tail_kl_with_stored_tempered_tail_is_exact(T):
 
 
 def test_accumulation_is_token_weighted():
-    from logit_distill.train.loop import make_train_step
+    from logit_distill.train.step import make_train_step
 
     rng = np.random.default_rng(6)
     V, Lq = 11, 8
@@ -274,19 +276,19 @@ def test_accumulation_is_token_weighted():
 def test_train_offline_and_online_sampled(setup, tmp_path):
     from logit_distill.train import train_student
     from logit_distill.train.loader import OnlineSource
-    from logit_distill.topk import make_teacher_sampled
+    from logit_distill.selection import make_teacher_sampled
     from logit_distill.models import load_model
     from logit_distill.data import ExampleSource
 
     ref = str(tmp_path / "ref")
     run_dump(_config(setup, ref, codec="exact"))
     common = dict(student="preset:tiny-qwen3@1", num_steps=2, batch_size=4, progress=False, grad_accum=2)
-    r = train_student(store=ref, output=str(tmp_path / "off"), **common)
+    r = train_student(TrainConfig(store=ref, output=str(tmp_path / "off"), **common))
     assert np.isfinite(r.metrics["kd_loss"]) and r.metrics["kd_loss"] > 0
     with pytest.raises(InputError, match="does not fit"):
-        train_student(store=ref, output=str(tmp_path / "bad"), loss="topk_tail_kl", **common)
+        train_student(TrainConfig(store=ref, output=str(tmp_path / "bad"), loss="topk_tail_kl", **common))
     with pytest.raises(InputError, match="biased"):  # T != the store's proposal temperature
-        train_student(store=ref, output=str(tmp_path / "hot"), temperature=2.0, **common)
+        train_student(TrainConfig(store=ref, output=str(tmp_path / "hot"), temperature=2.0, **common))
     assert not os.path.exists(tmp_path / "hot")
     # Online sampling with the dump's keys gives the stored draws.
     teacher = load_model(setup["teacher"])
@@ -302,8 +304,8 @@ def test_train_offline_and_online_sampled(setup, tmp_path):
         S = rec["sample_ids"].shape[1]
         np.testing.assert_array_equal(np.asarray(out["sample_ids"][j])[:, :S], rec["sample_ids"])
         np.testing.assert_array_equal(np.asarray(out["sample_counts"][j])[:, :S], rec["sample_counts"])
-    on = train_student(teacher=setup["teacher"], data=setup["data"], seq_len=32, samples=16, loss="sampled_kl",
-                       output=str(tmp_path / "on"), **common)
+    on = train_student(TrainConfig(teacher=setup["teacher"], data=setup["data"], seq_len=32, samples=16, loss="sampled_kl",
+                       output=str(tmp_path / "on"), **common))
     assert np.isfinite(on.metrics["kd_loss"])
 
 
@@ -315,12 +317,12 @@ def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):
     rec = store.open_store(out).read(0)
     assert rec["tail_logprob_tempered"].shape == (32, 1)
     common = dict(student="preset:tiny-qwen3@1", num_steps=1, batch_size=4, progress=False)
-    r = train_student(store=out, output=str(tmp_path / "a"), temperature=2.0, **common)
+    r = train_student(TrainConfig(store=out, output=str(tmp_path / "a"), temperature=2.0, **common))
     assert np.isfinite(r.metrics["kd_loss"])
     with pytest.raises(InputError, match="holds it at 2"):
-        train_student(store=out, output=str(tmp_path / "b"), temperature=4.0, **common)
+        train_student(TrainConfig(store=out, output=str(tmp_path / "b"), temperature=4.0, **common))
     capfd.readouterr()
-    train_student(store=out, output=str(tmp_path / "c"), loss="topk_kl", alpha=1.0, **common)
+    train_student(TrainConfig(store=out, output=str(tmp_path / "c"), loss="topk_kl", alpha=1.0, **common))
     assert "warning: --loss topk_kl with --alpha 1" in capfd.readouterr().err
 
 

@@ -137,7 +137,7 @@ def test_not_a_store(store_root, tmp_path):
     d = tmp_path / "plain"
     d.mkdir()
     (d / "x.txt").write_text("x")
-    with pytest.raises(StoreError, match=f"{d} is not a logit store: it has no manifest.json"):
+    with pytest.raises(StoreError, match=f"{d} is not a logit store: it holds no manifest.json"):
         store.open_store(str(d))
 
 

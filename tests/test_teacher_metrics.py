@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from logit_distill.topk import sample_keys, select_sampled, select_topk
+from logit_distill.selection import sample_keys, select_sampled, select_topk
 from logit_distill.train import teacher_metrics as M
 
 V, K = 40, 6

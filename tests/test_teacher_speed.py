@@ -19,7 +19,7 @@ import pytest
 from logit_distill.errors import InputError
 from logit_distill.models import PRESETS, build_model, decoder, init_params
 from logit_distill.models import attention as attention_mod
-from logit_distill.topk import (make_teacher_sampled, make_teacher_topk, sample_keys, select_sampled,
+from logit_distill.selection import (make_teacher_sampled, make_teacher_topk, sample_keys, select_sampled,
                                select_sampled_chunked, select_topk, select_topk_chunked, top_k_by_blocks)
 
 # every family, weights large enough for peaked attention; Gemma 3 with both softcaps as well
@@ -97,7 +97,8 @@ def test_splash_attention_matches_dense(name, monkeypatch):
 def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
     """The dump's jitted step (``shard_map`` over the batch, examples one at a time) with each Pallas
     kernel in interpret mode: the same top-k ids as with ``blocked``, log-probs within 1e-5."""
-    from logit_distill.dump import DumpConfig, _Compute
+    from logit_distill.dump import DumpConfig, TeacherStep
+    from logit_distill.dump.teacher_step import dump_mesh
 
     monkeypatch.setattr(attention_mod, "_INTERPRET", True)
     monkeypatch.setattr(attention_mod, "SPLASH_BLOCK", 128)
@@ -106,7 +107,7 @@ def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
     out = {}
     for name in ("blocked", impl):
         config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=256, batch_size=2, attention=name)
-        compute = _Compute(m, config)
+        compute = TeacherStep(m, config, dump_mesh(config))
         out[name] = compute.fetch(compute.dispatch({"tokens": tokens, "positions": pos, "segment_ids": seg},
                                                    np.arange(2)))
     np.testing.assert_array_equal(out[impl]["topk_ids"], out["blocked"]["topk_ids"])
@@ -116,7 +117,8 @@ def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
 def test_dump_attention_per_sharding_mode():
     """The Pallas kernels run in the replicated mode (inside shard_map); the sharded modes run blocked
     under auto and refuse an explicit kernel in one line."""
-    from logit_distill.dump import DumpConfig, dump_attention
+    from logit_distill.dump import DumpConfig
+    from logit_distill.dump.teacher_step import dump_attention
 
     def pick(attention, sharding, backend, L=4096):
         return dump_attention(DumpConfig(teacher="", data="", output="", seq_len=L, attention=attention,
@@ -234,7 +236,8 @@ def test_vocabulary_chunked_selection_matches_full(name):
     split = dict(features=functools.partial(decoder.hidden, m.config),
                  head=functools.partial(decoder.head_logits, m.config), vocab_size=m.vocab_size)
     for chunk in (m.vocab_size, 100):
-        got = make_teacher_topk(None, k, vocab_chunk=chunk, tail_temperatures=(2.0,), **split)(m.params, *batch)
+        got = make_teacher_topk(None, k, vocab_chunk=chunk, tail_temperatures=(2.0,), **split)(
+            m.params, *batch, np.zeros(batch[0].shape[:1], np.int32))
         got = {key: np.asarray(v) for key, v in got.items()}
         np.testing.assert_array_equal(got["topk_ids"], ref["topk_ids"])
         assert np.abs(got["tail_logprob_tempered"] - ref["tail_logprob_tempered"]).max() <= 3e-6, chunk
@@ -313,7 +316,8 @@ def test_device_batch_groups_examples_with_the_same_results():
     tokens, pos, seg = _packed_batch(m.vocab_size)
     tokens, pos, seg = (np.concatenate([a, a[::-1]]) for a in (tokens, pos, seg))  # 4 rows
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    outs = [make_teacher_topk(m.apply, 8, mesh=mesh, device_batch=db)(m.params, tokens, pos, seg)
+    index = np.arange(tokens.shape[0], dtype=np.int32)
+    outs = [make_teacher_topk(m.apply, 8, mesh=mesh, device_batch=db)(m.params, tokens, pos, seg, index)
             for db in (1, 2)]
     for out in outs[1:]:
         np.testing.assert_allclose(np.asarray(out["topk_logprobs"]), np.asarray(outs[0]["topk_logprobs"]),
@@ -322,7 +326,8 @@ def test_device_batch_groups_examples_with_the_same_results():
 
 @pytest.mark.parametrize("args,message", [
     (["--device-batch", "3"], "--device-batch 3 does not divide the 4 examples each device gets"),
-    (["--model-parallel", "2"], "--model-parallel 2 needs --sharding tensor or fsdp+tensor, not replicate"),
+    (["--model-parallel", "2"], "--model-parallel 2 needs --sharding tensor, fsdp+tensor, expert or fsdp+expert, not "
+                                "replicate"),
     (["--sharding", "tensor", "--model-parallel", "3"], "--model-parallel 3 does not divide the 1 devices"),
     (["--attention", "pallas_tpu"], "--attention pallas_tpu runs on TPU only, and JAX's backend here is cpu"),
     (["--attention", "pallas_gpu"], "--attention pallas_gpu runs on GPU only, and JAX's backend here is cpu"),
@@ -346,10 +351,11 @@ def test_bad_settings_are_one_line_and_create_nothing(tmp_path, capsys, args, me
 _TP_SCRIPT = textwrap.dedent(
     """
     import json, sys, uuid, numpy as np, jax, gcsfs
-    from logit_distill.dump import DumpConfig, _Compute
+    from logit_distill.dump import DumpConfig, TeacherStep
+    from logit_distill.dump.teacher_step import dump_mesh
     from logit_distill.models import load_model, materialize_preset, shard_params, safetensors_io
     from logit_distill.models.sharding import make_mesh
-    from logit_distill.topk import sample_keys, select_sampled, select_topk
+    from logit_distill.selection import sample_keys, select_sampled, select_topk
     assert jax.device_count() == 8
     local = sys.argv[1]
     materialize_preset("tiny-qwen3", local)
@@ -380,13 +386,13 @@ _TP_SCRIPT = textwrap.dedent(
         # the dump's step, 2-way data x 4-way model, the head over vocabulary chunks (of the sharded rows)
         config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=32, batch_size=4, sharding=mode,
                             model_parallel=4, vocab_chunk=100)
-        c = _Compute(m, config)
+        c = TeacherStep(m, config, dump_mesh(config))
         sel = c.fetch(c.dispatch({"tokens": tokens, "positions": positions, "segment_ids": seg}, np.arange(4)))
         out[mode + "_dump_logprobs"] = float(np.abs(sel["topk_logprobs"] - ref_sel["topk_logprobs"]).max())
         out[mode + "_dump_top1"] = bool((sel["topk_ids"][..., 0] == ref_sel["topk_ids"][..., 0]).all())
         config = DumpConfig(teacher="", data="", output="", seq_len=32, batch_size=4, sharding=mode,
                             model_parallel=4, vocab_chunk=100, selection="sampled", samples=16, seed=3)
-        c = _Compute(m, config)
+        c = TeacherStep(m, config, dump_mesh(config))
         sel = c.fetch(c.dispatch({"tokens": tokens, "positions": positions, "segment_ids": seg}, np.arange(4)))
         ref_s = select_sampled(ref, 16, sample_keys(3, np.arange(4), 32))
         out[mode + "_dump_sampled_same"] = bool(all((np.asarray(ref_s[k]) == sel[k]).all()

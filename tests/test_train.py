@@ -18,8 +18,10 @@ from logit_distill.data import write_pretokenized
 from logit_distill.errors import InputError, StoreError
 from logit_distill.models import load_model
 from logit_distill.store.synthetic import synthetic_step
-from logit_distill.train import register_cli, sample_from_teacher, train_student
-from logit_distill.train.cli import main as cli_main
+from logit_distill.cli import main as cli_main
+from logit_distill.cli.main import build_parser
+from logit_distill.train import sample_from_teacher, train_student
+from logit_distill.train import TrainConfig
 
 from test_train_helpers import VOCAB, make_model_dir, max_weight_diff, write_teacher_store
 
@@ -50,9 +52,9 @@ def kd_run(setup, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("kd") / "out")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOGIT_DISTILL_CACHE", str(setup["root"] / "cache"))
-        result = train_student(store=setup["store"], student=setup["student"], output=out, num_steps=KD_STEPS,
+        result = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=out, num_steps=KD_STEPS,
                                batch_size=8, learning_rate=1e-2, loss="topk_kl", alpha=0.5,
-                               eval_data=setup["eval_data"], checkpoint_every=20, progress=False)
+                               eval_data=setup["eval_data"], checkpoint_every=20, log_every=1, progress=False))
     return result
 
 
@@ -71,9 +73,9 @@ def _no_step_taken(output):
 
 
 def test_kd_student_beats_ce_student(setup, kd_run, tmp_path):
-    ce = train_student(store=setup["store"], student=setup["student"], output=str(tmp_path / "ce"),
+    ce = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=str(tmp_path / "ce"),
                        num_steps=KD_STEPS, batch_size=8, learning_rate=1e-2, alpha=0.0,
-                       eval_data=setup["eval_data"], checkpoint_every=20, progress=False)
+                       eval_data=setup["eval_data"], checkpoint_every=20, progress=False))
     kd_ce, ce_ce = kd_run.eval["cross_entropy"], ce.eval["cross_entropy"]
     assert kd_ce < ce_ce - 0.3, (kd_ce, ce_ce)
     assert kd_run.eval["perplexity"] == pytest.approx(np.exp(kd_ce))
@@ -120,9 +122,9 @@ def test_hf_export_loads_in_transformers_with_same_logits(setup, kd_run):
 
 
 def _cli_cmd(setup, output, num_steps):
-    return [sys.executable, "-m", "logit_distill.train.cli", "train", "--store", setup["store"],
+    return [sys.executable, "-m", "logit_distill.cli", "train", "--store", setup["store"],
             "--student", setup["student"], "--output", output, "--num-steps", str(num_steps),
-            "--batch-size", "4", "--checkpoint-every", "10", "--log-every", "10", "--no-progress"]
+            "--batch-size", "4", "--checkpoint-every", "10", "--log-every", "10", "--no-progress", "--json"]
 
 
 def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
@@ -152,14 +154,14 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     rows = _metrics(killed)
     assert [r["step"] for r in rows] == list(range(10, steps + 1, 10))  # each logged step once
 
-    whole = train_student(store=setup["store"], student=setup["student"], output=str(tmp_path / "whole"),
-                          num_steps=steps, batch_size=4, checkpoint_every=1000, log_every=10, progress=False)
+    whole = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=str(tmp_path / "whole"),
+                          num_steps=steps, batch_size=4, checkpoint_every=1000, log_every=10, progress=False))
     assert max_weight_diff(os.path.join(killed, "hf"), whole.hf_dir) <= 1e-6
     assert _metrics(killed)[-1]["loss"] == pytest.approx(whole.metrics["loss"], abs=1e-6)
 
     # a finished run re-run is a no-op that returns the same result
-    again = train_student(store=setup["store"], student=setup["student"], output=killed, num_steps=steps,
-                          batch_size=4, checkpoint_every=10, log_every=10, progress=False)
+    again = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=killed, num_steps=steps,
+                          batch_size=4, checkpoint_every=10, log_every=10, progress=False))
     assert again.resumed_from_step == steps and again.metrics["step"] == steps
 
 
@@ -186,9 +188,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_nonzero(setup, tmp_path):
 def test_rerun_with_other_settings_is_refused(setup, tmp_path):
     out = str(tmp_path / "o")
     kw = dict(store=setup["store"], student=setup["student"], output=out, batch_size=4, progress=False)
-    train_student(num_steps=2, **kw)
+    train_student(TrainConfig(num_steps=2, **kw))
     with pytest.raises(InputError, match="learning_rate"):
-        train_student(num_steps=2, learning_rate=1e-3, **kw)
+        train_student(TrainConfig(num_steps=2, learning_rate=1e-3, **kw))
 
 
 # ----------------------------------------------------------------------------- online == offline
@@ -197,10 +199,10 @@ def test_rerun_with_other_settings_is_refused(setup, tmp_path):
 def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, tmp_path):
     common = dict(student=setup["student"], num_steps=6, batch_size=4, learning_rate=1e-2, seed=3,
                   loss="topk_tail_kl", alpha=0.7, checkpoint_every=100, progress=False)
-    off = train_student(store=setup["store"], output=str(tmp_path / "off"), **common)
+    off = train_student(TrainConfig(store=setup["store"], output=str(tmp_path / "off"), **common))
     n = len(store_mod.open_store(setup["store"]))
-    on = train_student(teacher=setup["teacher"], data=setup["train_data"], top_k=TOP_K, seq_len=SEQ_LEN,
-                       num_examples=n, output=str(tmp_path / "on"), **common)
+    on = train_student(TrainConfig(teacher=setup["teacher"], data=setup["train_data"], top_k=TOP_K, seq_len=SEQ_LEN,
+                       num_examples=n, output=str(tmp_path / "on"), **common))
     assert max_weight_diff(off.hf_dir, on.hf_dir) <= 1e-4
     assert on.metrics["kd_loss"] == pytest.approx(off.metrics["kd_loss"], abs=1e-4)
 
@@ -212,9 +214,9 @@ def test_alpha_schedule_lr_and_grad_accum(setup, tmp_path):
     from logit_distill.train.schedules import learning_rate_schedule
 
     out = str(tmp_path / "acc")
-    r = train_student(store=setup["store"], student=setup["student"], output=out, num_steps=4, batch_size=4,
+    r = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=out, num_steps=4, batch_size=4,
                       grad_accum=2, alpha=0.8, alpha_end=0.2, alpha_schedule="linear", warmup_steps=1,
-                      learning_rate=1e-3, checkpoint_every=2, progress=False)
+                      learning_rate=1e-3, checkpoint_every=2, progress=False))
     rows = _metrics(out)
     assert [r["alpha"] for r in rows] == pytest.approx([0.8, 0.65, 0.5, 0.35])
     lr = learning_rate_schedule(1e-3, 1, 4)
@@ -246,7 +248,7 @@ def test_vocab_mismatch_is_refused_before_any_step(setup, tmp_path):
     s = _synthetic_store(str(tmp_path / "s"), vocab_size=300)
     out = str(tmp_path / "o")
     with pytest.raises(InputError, match="vocabulary of 258.*has 300"):
-        train_student(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4, progress=False)
+        train_student(TrainConfig(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4, progress=False))
     _no_step_taken(out)
 
 
@@ -259,7 +261,7 @@ def test_corrupt_chunk_is_refused_before_any_step(setup, tmp_path):
     open(path, "wb").write(bytes(data))
     out = str(tmp_path / "o")
     with pytest.raises(StoreError, match="checksum mismatch"):
-        train_student(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4, progress=False)
+        train_student(TrainConfig(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4, progress=False))
     _no_step_taken(out)
 
 
@@ -267,7 +269,7 @@ def test_incomplete_store_is_refused(setup, tmp_path):
     s = _synthetic_store(str(tmp_path / "s"), steps=[0, 1])
     out = str(tmp_path / "o")
     with pytest.raises(StoreError, match="incomplete"):
-        train_student(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4, progress=False)
+        train_student(TrainConfig(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4, progress=False))
     _no_step_taken(out)
 
 
@@ -283,43 +285,45 @@ def test_tail_loss_without_tail_mass_is_refused(setup, tmp_path, case):
         s = _synthetic_store(str(tmp_path / "s"), tail=-np.inf, num_steps=2)
     out = str(tmp_path / "o")
     with pytest.raises(InputError, match="topk_tail_kl needs tail mass"):
-        train_student(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4,
-                      loss="topk_tail_kl", progress=False)
+        train_student(TrainConfig(store=s, student=setup["student"], output=out, num_steps=2, batch_size=4,
+                      loss="topk_tail_kl", progress=False))
     _no_step_taken(out)
     if case == "tail_minus_inf":  # topk_kl on the same store is fine
-        train_student(store=s, student=setup["student"], output=out, num_steps=1, batch_size=4, loss="topk_kl",
-                      alpha=0.5, progress=False)
+        train_student(TrainConfig(store=s, student=setup["student"], output=out, num_steps=1, batch_size=4, loss="topk_kl",
+                      alpha=0.5, progress=False))
 
 
 def test_online_tail_loss_with_full_top_k_is_refused(setup, tmp_path):
     with pytest.raises(InputError, match="no tail"):
-        train_student(teacher=setup["teacher"], data=setup["train_data"], top_k=VOCAB, seq_len=SEQ_LEN,
+        train_student(TrainConfig(teacher=setup["teacher"], data=setup["train_data"], top_k=VOCAB, seq_len=SEQ_LEN,
                       student=setup["student"], output=str(tmp_path / "o"), num_steps=1, batch_size=4,
-                      loss="topk_tail_kl", progress=False)
+                      loss="topk_tail_kl", progress=False))
 
 
 def test_argument_errors(setup, tmp_path):
     out = str(tmp_path / "o")
-    with pytest.raises(InputError, match="either store"):
-        train_student(student=setup["student"], output=out, num_steps=1, batch_size=4)
+    with pytest.raises(InputError, match="either --store"):
+        train_student(TrainConfig(student=setup["student"], output=out, num_steps=1, batch_size=4))
     with pytest.raises(InputError, match="excludes"):
-        train_student(store=setup["store"], teacher=setup["teacher"], student=setup["student"], output=out,
-                      num_steps=1, batch_size=4)
+        train_student(TrainConfig(store=setup["store"], teacher=setup["teacher"], student=setup["student"], output=out,
+                      num_steps=1, batch_size=4))
     with pytest.raises(InputError, match="alpha-end"):
-        train_student(store=setup["store"], student=setup["student"], output=out, num_steps=1, batch_size=4,
-                      alpha_end=0.1)
-    with pytest.raises(InputError, match="unknown loss"):
-        train_student(store=setup["store"], student=setup["student"], output=out, num_steps=1, batch_size=4,
-                      loss="mse")
+        train_student(TrainConfig(store=setup["store"], student=setup["student"], output=out, num_steps=1, batch_size=4,
+                      alpha_end=0.1))
+    with pytest.raises(InputError, match="--loss .mse. is not one of"):
+        train_student(TrainConfig(store=setup["store"], student=setup["student"], output=out, num_steps=1, batch_size=4,
+                      loss="mse"))
     _no_step_taken(out)
 
 
-def test_cli_help_and_error_exit(setup, tmp_path, capsys):
-    import argparse
+def _subparser(name):
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    return sub.choices[name]
 
-    parser = argparse.ArgumentParser(prog="logit-distill")
-    sub = parser.add_subparsers(dest="command")
-    p = register_cli(sub)
+
+def test_cli_help_and_error_exit(setup, tmp_path, capsys):
+    p = _subparser("train")
     help_text = p.format_help()
     for flag in ("--store", "--teacher", "--data", "--top-k", "--seq-len", "--student", "--output",
                  "--num-steps", "--batch-size", "--learning-rate", "--warmup-steps", "--seed", "--loss",
@@ -341,13 +345,13 @@ def test_two_devices_replicated_and_fsdp_match_one_device(setup, tmp_path):
     """The batch split over 2 (fake CPU) devices, params replicated or fsdp: same weights as 1 device."""
     common = dict(store=setup["store"], student=setup["student"], num_steps=4, batch_size=4,
                   learning_rate=1e-2, checkpoint_every=2, progress=False)
-    one = train_student(output=str(tmp_path / "one"), **common)
+    one = train_student(TrainConfig(output=str(tmp_path / "one"), **common))
     script = (
-        "import sys, jax; from logit_distill.train import train_student\n"
+        "import sys, jax; from logit_distill.train import TrainConfig, train_student\n"
         "assert jax.device_count() == 2, jax.devices()\n"
         f"kw = {common!r}\n"
         "for mode in ('replicate', 'fsdp'):\n"
-        "    train_student(output=sys.argv[1] + '/' + mode, param_sharding=mode, **kw)\n"
+        "    train_student(TrainConfig(output=sys.argv[1] + '/' + mode, param_sharding=mode, **kw))\n"
     )
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
@@ -370,7 +374,7 @@ def test_two_processes_train_like_one(setup, tmp_path):
 
     common = dict(store=setup["store"], student=setup["student"], num_steps=4, batch_size=4,
                   learning_rate=1e-2, checkpoint_every=2, progress=False)
-    one = train_student(output=str(tmp_path / "one"), **common)
+    one = train_student(TrainConfig(output=str(tmp_path / "one"), **common))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])

@@ -16,6 +16,7 @@ import pytest
 
 from test_train_helpers import make_model_dir, write_teacher_store
 from dump_helpers import write_corpus
+from logit_distill.train import TrainConfig
 
 STEPS = 12
 
@@ -37,7 +38,7 @@ def _cmd(s, output):
     return [sys.executable, "-m", "logit_distill.cli", "train", "--store", s["store"], "--student", s["student"],
             "--output", output, "--num-steps", str(STEPS), "--batch-size", "4", "--checkpoint-every", "6",
             "--log-every", "4", "--keep-checkpoints", "2", "--no-progress", "--eval-data", s["data"],
-            "--max-eval-examples", "8"]
+            "--max-eval-examples", "8", "--json"]
 
 
 def _weights(fs, hf_dir: str) -> dict:
@@ -85,8 +86,8 @@ def test_sigkill_and_rerun_on_gcs_gives_the_weights_of_an_uninterrupted_run(gcs_
     metrics = [json.loads(x) for x in fs.cat_file(out.removeprefix("gs://") + "/metrics.jsonl").splitlines()]
     assert [m["step"] for m in metrics] == list(range(4, STEPS + 1, 4))  # each logged step once
 
-    whole = train_student(store=gcs_setup["store"], student=gcs_setup["student"], output=str(tmp_path / "whole"),
-                          num_steps=STEPS, batch_size=4, checkpoint_every=1000, log_every=4, progress=False)
+    whole = train_student(TrainConfig(store=gcs_setup["store"], student=gcs_setup["student"], output=str(tmp_path / "whole"),
+                          num_steps=STEPS, batch_size=4, checkpoint_every=1000, log_every=4, progress=False))
     from safetensors.numpy import load_file
 
     ref = load_file(os.path.join(whole.hf_dir, "model.safetensors"))

@@ -14,7 +14,10 @@ import pytest
 
 from logit_distill import codec, paths, store
 from logit_distill.store.synthetic import synthetic_step
-from logit_distill.verify import main, register_cli, verify_store
+from logit_distill.cli import main as cli_main
+from logit_distill.cli.main import build_parser
+from logit_distill.verify import verify_store
+from logit_distill.verify import VerifyConfig
 from store_helpers import small_manifest, write_store
 
 
@@ -49,8 +52,8 @@ def test_good_store_passes_with_reports(store_root):
     m = small_manifest(num_processes=2)
     uri = store_root + "/good"
     write_store(uri, m)
-    report = verify_store(uri, expected_steps=5, report_json=uri + "-report.json", report_md=uri + "-report.md",
-                          progress=False)
+    report = verify_store(VerifyConfig(store=uri, expected_steps=5, report_json=uri + "-report.json", report_md=uri + "-report.md",
+                          progress=False))
     assert report.passed, report.failure_line()
     status = {c["name"]: c["status"] for c in report.checks}
     assert status == {"manifest": "passed", "coverage": "passed", "integrity": "passed", "records": "passed",
@@ -60,7 +63,7 @@ def test_good_store_passes_with_reports(store_root):
     assert f["positions"] == 20 * 16 and 0 < f["tokens"] < f["positions"]  # padding excluded
     assert f["bytes"] == sum(x["size"] for x in paths.list_files(uri) if x["name"].startswith("chunk-"))
     assert f["bytes_per_entry"] == pytest.approx(f["bytes"] / (20 * 16 * 4))
-    assert 0 < f["mean_topk_mass"] < 1 and f["mean_teacher_entropy_nats"] > 0 and f["elapsed_s"] > 0
+    assert 0 < f["mean_topk_mass"] < 1 and f["teacher_entropy_lower_bound_nats"] > 0 and f["elapsed_s"] > 0
     data = json.loads(paths.read_bytes(uri + "-report.json"))
     assert data["passed"] is True and [c["name"] for c in data["checks"]][:2] == ["manifest", "coverage"]
     md = paths.read_bytes(uri + "-report.md").decode()
@@ -73,7 +76,7 @@ def test_exact_codec_and_leftovers_pass(tmp_path):
     write_store(uri, small_manifest(codec="exact"))
     (tmp_path / "s" / ".tmp-abc-chunk.array_record").write_bytes(b"partial")
     (tmp_path / "s" / "notes.txt").write_text("x")
-    report = verify_store(uri, progress=False)
+    report = verify_store(VerifyConfig(store=uri, progress=False))
     assert report.passed, report.failure_line()
     cov = report.check("coverage")
     assert cov["details"]["leftovers"] == [".tmp-abc-chunk.array_record", "notes.txt"]
@@ -90,7 +93,7 @@ def test_flipped_byte_fails_integrity(store_root):
     data = bytearray(paths.read_bytes(paths.join(uri, name)))
     data[len(data) // 3] ^= 0x40
     paths.write_bytes_atomic(paths.join(uri, name), bytes(data))
-    report = verify_store(uri, progress=False)
+    report = verify_store(VerifyConfig(store=uri, progress=False))
     assert not report.passed
     assert [c["name"] for c in report.failed_checks] == ["integrity"]
     msg = report.check("integrity")["message"]
@@ -103,7 +106,7 @@ def test_truncated_chunk_fails_integrity(copy_of):
     path = os.path.join(copy_of, name)
     data = open(path, "rb").read()
     open(path, "wb").write(data[: len(data) * 3 // 4])
-    report = verify_store(copy_of, progress=False)
+    report = verify_store(VerifyConfig(store=copy_of, progress=False))
     assert [c["name"] for c in report.failed_checks] == ["integrity"]
     problems = _problems(report, "integrity")
     assert all(p["chunk"] == name for p in problems)
@@ -115,7 +118,7 @@ def test_truncated_chunk_fails_integrity(copy_of):
 def test_deleted_middle_chunk_names_missing_steps(copy_of):
     middle = [n for n in _chunk_names(copy_of) if "-p00001-s000000002-000000004-" in n][0]
     os.remove(os.path.join(copy_of, middle))
-    report = verify_store(copy_of, progress=False)
+    report = verify_store(VerifyConfig(store=copy_of, progress=False))
     assert [c["name"] for c in report.failed_checks] == ["coverage"]
     msg = report.check("coverage")["message"]
     assert "missing steps [2, 4) of process 1" in msg and copy_of in msg
@@ -124,10 +127,10 @@ def test_deleted_middle_chunk_names_missing_steps(copy_of):
 
 
 def test_wrong_expected_steps(good_store):
-    report = verify_store(good_store[0], expected_steps=6, progress=False)
+    report = verify_store(VerifyConfig(store=good_store[0], expected_steps=6, progress=False))
     assert [c["name"] for c in report.failed_checks] == ["coverage"]
     assert "the manifest says 5 steps, --expected-steps says 6" in report.check("coverage")["message"]
-    assert verify_store(good_store[0], expected_steps=5, progress=False).passed
+    assert verify_store(VerifyConfig(store=good_store[0], expected_steps=5, progress=False)).passed
 
 
 def test_chunk_of_another_configuration_copied_in(copy_of, tmp_path):
@@ -136,7 +139,7 @@ def test_chunk_of_another_configuration_copied_in(copy_of, tmp_path):
     write_store(other_uri, other, steps=[0, 1])
     name = _chunk_names(other_uri)[0]
     shutil.copy(os.path.join(other_uri, name), os.path.join(copy_of, name))
-    report = verify_store(copy_of, progress=False)
+    report = verify_store(VerifyConfig(store=copy_of, progress=False))
     assert [c["name"] for c in report.failed_checks] == ["coverage"]
     msg = report.check("coverage")["message"]
     assert f"{name}: foreign chunk" in msg and "another store configuration" in msg
@@ -152,7 +155,7 @@ def test_renamed_chunk_of_another_configuration(good_store, copy_of, tmp_path):
     os.remove(os.path.join(copy_of, victim))
     forged = store.chunk_name(m["fingerprint"][:8], 0, 0, 2, hashlib.sha256(data).hexdigest())
     open(os.path.join(copy_of, forged), "wb").write(data)
-    report = verify_store(copy_of, progress=False)
+    report = verify_store(VerifyConfig(store=copy_of, progress=False))
     assert [c["name"] for c in report.failed_checks] == ["records"]
     p = _problems(report, "records")[0]
     assert p["kind"] == "store_tag" and p["chunk"] == forged and p["record"] == 0
@@ -167,7 +170,7 @@ def test_renamed_chunk_of_other_shapes_is_named(good_store, copy_of, tmp_path):
     os.remove(os.path.join(copy_of, _chunk_names(copy_of)[0]))
     forged = store.chunk_name(m["fingerprint"][:8], 0, 0, 2, hashlib.sha256(data).hexdigest())
     open(os.path.join(copy_of, forged), "wb").write(data)
-    report = verify_store(copy_of, progress=False)
+    report = verify_store(VerifyConfig(store=copy_of, progress=False))
     problems = _problems(report, "records")
     assert problems and all(p["kind"] == "header" and p["chunk"] == forged for p in problems)
     assert "seq_len 8 (manifest: 16)" in problems[0]["message"]
@@ -179,7 +182,7 @@ def test_duplicate_chunk_for_one_range(copy_of, tmp_path, good_store):
     write_store(other_uri, m, steps=[0, 1], seed=1)  # same configuration, other content
     name = [n for n in _chunk_names(other_uri) if "-p00000-" in n][0]
     shutil.copy(os.path.join(other_uri, name), os.path.join(copy_of, name))
-    report = verify_store(copy_of, progress=False)
+    report = verify_store(VerifyConfig(store=copy_of, progress=False))
     assert "coverage" in [c["name"] for c in report.failed_checks]
     msg = report.check("coverage")["message"]
     assert "several committed chunks for process 0 steps [0, 2)" in msg and name in msg
@@ -219,7 +222,7 @@ def test_bad_records_are_named(tmp_path):
     bad[off] ^= 0x01
     raw[8] = bytes(bad)
     info = _write_raw_chunk(uri, m, 0, 0, 2, raw)
-    report = verify_store(uri, progress=False)
+    report = verify_store(VerifyConfig(store=uri, progress=False))
     assert [c["name"] for c in report.failed_checks] == ["records"]
     problems = {}  # (kind, record) -> problem; one damage may break several checks (e.g. a log-prob > 0)
     for p in _problems(report, "records"):
@@ -238,19 +241,21 @@ def test_bad_records_are_named(tmp_path):
 
 
 def test_not_a_store_and_bad_manifest(tmp_path, good_store):
-    report = verify_store(str(tmp_path / "nothing"), progress=False)
-    assert report.failed_checks[0]["name"] == "manifest" and "does not exist" in report.failure_line()
-    assert {c["status"] for c in report.checks[1:]} == {"skipped"}
+    from logit_distill.errors import EXIT_BAD_INPUT, NotAStoreError
+
+    with pytest.raises(NotAStoreError, match="is not a logit store: it does not exist") as e:
+        verify_store(VerifyConfig(store=str(tmp_path / "nothing"), progress=False))
+    assert e.value.exit_code == EXIT_BAD_INPUT  # the wrong path, not a damaged store
     uri = str(tmp_path / "edited")
     shutil.copytree(good_store[0], uri)
     m = json.loads(open(os.path.join(uri, "manifest.json")).read())
     m["shapes"]["top_k"] = 5
     open(os.path.join(uri, "manifest.json"), "w").write(json.dumps(m))
-    report = verify_store(uri, progress=False)
+    report = verify_store(VerifyConfig(store=uri, progress=False))
     assert "fingerprint does not match" in report.check("manifest")["message"]
     m["format_version"] = 7
     open(os.path.join(uri, "manifest.json"), "w").write(json.dumps(m))
-    assert "unknown store format version 7" in verify_store(uri, progress=False).failure_line()
+    assert "unknown store format version 7" in verify_store(VerifyConfig(store=uri, progress=False)).failure_line()
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -258,7 +263,7 @@ def test_not_a_store_and_bad_manifest(tmp_path, good_store):
 
 def test_cli_exit_status_reports_and_stderr(copy_of, tmp_path, capsys):
     rj, rm = str(tmp_path / "r.json"), str(tmp_path / "r.md")
-    assert main(["--store", copy_of, "--expected-steps", "5", "--report-json", rj, "--report-md", rm,
+    assert cli_main(["verify", "--store", copy_of, "--expected-steps", "5", "--report-json", rj, "--report-md", rm,
                  "--no-progress"]) == 0
     assert json.load(open(rj))["passed"] is True
     capsys.readouterr()
@@ -267,19 +272,19 @@ def test_cli_exit_status_reports_and_stderr(copy_of, tmp_path, capsys):
     data = bytearray(open(os.path.join(copy_of, name), "rb").read())
     data[100] ^= 1
     open(os.path.join(copy_of, name), "wb").write(bytes(data))
-    assert main(["--store", copy_of, "--report-json", rj, "--report-md", rm, "--no-progress"]) == 1
+    assert cli_main(["verify", "--store", copy_of, "--report-json", rj, "--report-md", rm, "--no-progress"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("verify failed: coverage: ") and "(also failed: integrity)" in err[-1]
-    assert any(line.startswith("verify failed: integrity: ") and name in line for line in err[:-1])
+    assert err[-1].startswith("logit-distill verify: failed: coverage: ") and "(also failed: integrity)" in err[-1]
+    assert any(line.startswith("logit-distill verify: failed: integrity: ") and name in line for line in err[:-1])
     report = json.load(open(rj))
     assert report["passed"] is False
     assert "# Logit store verification: FAILED" in open(rm).read() and name in open(rm).read()
-    assert main(["--store", copy_of, "--spot-check", "3", "--no-progress"]) == 2  # needs --teacher
+    assert cli_main(["verify", "--store", copy_of, "--spot-check", "3", "--no-progress"]) == 2  # needs --teacher
 
 
 def test_cli_documents_every_flag():
-    parser = argparse.ArgumentParser()
-    p = register_cli(parser.add_subparsers())
+    (sub,) = [a for a in build_parser()._actions if a.dest == "command"]
+    p = sub.choices["verify"]
     for action in p._actions:
         assert action.help, action.option_strings
 
@@ -293,7 +298,7 @@ def dumped(tmp_path_factory):
     shifted by one position against the tokens."""
     from logit_distill.data import ExampleSource
     from logit_distill.models import load_model
-    from logit_distill.topk import make_teacher_topk
+    from logit_distill.selection import make_teacher_topk
 
     root = tmp_path_factory.mktemp("dump")
     rng = random.Random(0)
@@ -316,7 +321,7 @@ def dumped(tmp_path_factory):
     for step in range(4):
         batch = source.batch(range(step * 4, step * 4 + 4))
         out = {k: np.asarray(v) for k, v in fn(teacher.params, batch["tokens"], batch["positions"],
-                                               batch["segment_ids"]).items()}
+                                               batch["segment_ids"], np.zeros(4, np.int32)).items()}
         recs = dict(batch, **out, example_index=np.arange(step * 4, step * 4 + 4))
         w_good.submit(step, recs)
         rolled = dict(recs, **{k: np.roll(out[k], -1, axis=1) for k in out})  # position l gets l+1's top-k
@@ -327,8 +332,8 @@ def dumped(tmp_path_factory):
 
 
 def test_real_dump_passes_data_and_teacher_checks(dumped):
-    report = verify_store(dumped["good"], expected_steps=4, data=dumped["data"], teacher="preset:tiny-qwen3",
-                          spot_check=4, sample=16, progress=False)
+    report = verify_store(VerifyConfig(store=dumped["good"], expected_steps=4, data=dumped["data"], teacher="preset:tiny-qwen3",
+                          spot_check=4, sample=16, progress=False))
     assert report.passed, report.failure_line()
     data = report.check("data_alignment")
     assert data["status"] == "passed" and data["details"]["examples_compared"] == 16
@@ -338,7 +343,7 @@ def test_real_dump_passes_data_and_teacher_checks(dumped):
 
 
 def test_shifted_logits_fail_the_teacher_spot_check(dumped):
-    report = verify_store(dumped["shifted"], teacher="preset:tiny-qwen3", spot_check=3, progress=False)
+    report = verify_store(VerifyConfig(store=dumped["shifted"], teacher="preset:tiny-qwen3", spot_check=3, progress=False))
     # Every record is well-formed: only recomputing the teacher shows the misalignment.
     assert [c["name"] for c in report.failed_checks] == ["teacher_spot_check"]
     p = _problems(report, "teacher_spot_check")[0]
@@ -352,8 +357,8 @@ def test_other_data_fails_alignment(dumped):
     with open(other, "w") as f:
         for i in range(40):
             f.write(json.dumps({"text": f"completely different text number {i} " * 3}) + "\n")
-    report = verify_store(dumped["good"], data=other, tokenizer=None, teacher="preset:tiny-qwen3", sample=4,
-                          progress=False)
+    report = verify_store(VerifyConfig(store=dumped["good"], data=other, tokenizer=None, teacher="preset:tiny-qwen3", sample=4,
+                          progress=False))
     assert [c["name"] for c in report.failed_checks] == ["data_alignment"]
     problems = _problems(report, "data_alignment")
     assert any(p["kind"] == "identity" and p["field"] == "data_sha256" for p in problems)

@@ -86,6 +86,14 @@ FLAG_SAMPLED = 1
 # sampled record without it is the earlier layout, which this version does not read.
 FLAG_SAMPLED_RICE = 2
 
+# The fields of a decoded record (``decode_record``): those every record holds, then each selection's
+# teacher fields (a top-k record holds ``tail_logprob_tempered`` only when its store has tail temperatures).
+RECORD_FIELDS = ("example_index", "tokens", "segment_ids", "positions")
+SELECTION_FIELDS = {
+    "topk": ("topk_ids", "topk_logprobs", "tail_logprob", "tail_logprob_tempered"),
+    "sampled": ("sample_ids", "sample_counts", "sample_logprobs"),
+}
+
 CODEC_IDS = {"exact": 0, "default": 1}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 
@@ -488,6 +496,12 @@ def decode_header(data: bytes | memoryview) -> dict:
     }
 
 
+def _record_fields(h: dict, tokens, segment_ids, positions) -> dict:
+    """The fields every decoded record holds (``RECORD_FIELDS``), with the header's store tag and token hash."""
+    return {"example_index": np.int64(h["example_index"]), "store_tag": np.uint32(h["store_tag"]),
+            "token_hash": h["token_hash"], "tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+
+
 def decode_record(data: bytes) -> dict:
     """Decode one record into numpy arrays (log-probs float32, ids and counts int32)."""
     h = decode_header(data)
@@ -525,12 +539,7 @@ def decode_record(data: bytes) -> dict:
         off += 2 * L
         tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", L * m, off)).reshape(L, m)
     out = {
-        "example_index": np.int64(h["example_index"]),
-        "store_tag": np.uint32(h["store_tag"]),
-        "token_hash": h["token_hash"],
-        "tokens": tokens,
-        "segment_ids": segment_ids,
-        "positions": positions,
+        **_record_fields(h, tokens, segment_ids, positions),
         "topk_ids": topk_ids,
         "topk_logprobs": topk_logprobs,
         "tail_logprob": tail,
@@ -602,12 +611,7 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
     lp = np.zeros((L, S), np.float32)
     ids[used], counts[used], lp[used] = flat_ids, flat_counts, flat_lp
     return {
-        "example_index": np.int64(h["example_index"]),
-        "store_tag": np.uint32(h["store_tag"]),
-        "token_hash": h["token_hash"],
-        "tokens": tokens,
-        "segment_ids": segment_ids,
-        "positions": positions,
+        **_record_fields(h, tokens, segment_ids, positions),
         "sample_ids": ids,
         "sample_counts": counts,
         "sample_logprobs": lp,

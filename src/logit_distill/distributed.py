@@ -22,7 +22,9 @@ def vertex_cluster(cluster_spec: str | None) -> tuple[str, int, int] | None:
         return None
     task = spec.get("task") or {}
     index = int(task.get("index", 0)) + (1 if task.get("type") == "workerpool1" else 0)
-    port = int(os.environ.get(PORT_ENV) or COORDINATOR_PORT)
+    from . import environment
+
+    port = environment.get(PORT_ENV, COORDINATOR_PORT)
     return f"{hosts[0].rsplit(':', 1)[0]}:{port}", len(hosts), index
 
 
@@ -63,3 +65,20 @@ def planned_processes(replicas: int, tpu_topology: str = "", machine_type: str =
     """JAX processes a custom job will run: its replicas times the hosts of each replica's TPU slice.
     The dump checks its key against ``jax.process_count()``, so the two agree when this is right."""
     return int(replicas) * tpu_hosts(tpu_topology, machine_type)
+
+
+def process_info() -> tuple[int, int]:
+    """(this process's index, the number of processes) of the JAX job."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def barrier(name: str) -> None:
+    """Wait until every process of a multi-host job reaches the barrier ``name`` (no-op alone)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

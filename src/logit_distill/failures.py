@@ -34,13 +34,16 @@ _OS_HINTS = {
 
 
 def one_line(text: str) -> str:
-    text = " ".join(str(text).split())
+    """``text`` on one line, at most MAX_LINE characters, local paths as paths (fsspec's ``file://`` URLs,
+    which a user never typed, without their scheme)."""
+    text = " ".join(str(text).split()).replace("file:///", "/")
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."
 
 
 def describe(e: BaseException) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted (Ctrl-C); committed work is kept, re-run the same command to resume"
+        how = getattr(e, "name", None) or "Ctrl-C"
+        return EXIT_INTERRUPTED, f"interrupted ({how}); committed work is kept, re-run the same command to resume"
     if isinstance(e, Interrupted):
         return EXIT_INTERRUPTED, "interrupted: " + one_line(e)
     if isinstance(e, LogitDistillError):

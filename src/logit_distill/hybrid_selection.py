@@ -17,7 +17,7 @@ an unbiased target whose only noise is in the tail. ``tail_plogp`` (the tail's
 ``sum p log p``, one value per position) lets a record drop the draws'
 log-probs and still give an unbiased KL value.
 
-Both use the dump's keys (``topk.sample_keys``: seed, example index, position).
+Both use the dump's keys (``selection.sample_keys``: seed, example index, position).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .topk import _distinct, _searchsorted, _uniforms, select_topk
+from .selection import _distinct, _searchsorted, _uniforms, select_topk
 
 
 def _systematic_draws(log_weights: jax.Array, num_samples: int, keys: jax.Array) -> jax.Array:

@@ -1,6 +1,6 @@
 """Quiet by default: the libraries underneath (Orbax, absl, JAX, gcsfs, ...) log at WARNING unless asked.
 
-The CLI calls ``configure(verbose)`` (``-v``); the pipeline components call
+The CLI calls ``configure(verbose)`` (``-v``, ``--debug``); the pipeline components call
 ``configure_from_environment()`` (``LOGIT_DISTILL_VERBOSE=1`` for more), so a
 Vertex task's log holds what matters: progress, summaries and warnings.
 """
@@ -28,4 +28,17 @@ def configure(verbose: bool = False) -> None:
 
 
 def configure_from_environment() -> None:
-    configure(os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes"))
+    from . import environment
+
+    configure(bool(environment.get(ENV, False)))
+
+
+def warn_unknown_environment(command: str | None = None) -> None:
+    """Check the tool's environment variables (a bad value is one line naming it) and warn, on stderr,
+    about a ``LOGIT_DISTILL_*`` name the tool does not read."""
+    import sys
+
+    from . import environment
+
+    prefix = f"logit-distill {command}" if command else "logit-distill"
+    environment.check(warn=lambda line: print(f"{prefix}: {line}", file=sys.stderr, flush=True))

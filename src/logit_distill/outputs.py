@@ -7,9 +7,13 @@ its inputs; ``check_output`` refuses, with one ``InputError`` line each:
 - a path inside a logit store other than the one being written: a
   ``manifest.json`` in the folder itself or in any parent (a report written
   over ``S/manifest.json`` or ``S/<chunk>`` would destroy the store);
-- a path equal to one of the inputs;
+- a path equal to one of the inputs, or inside an input folder: a checkpoint
+  folder (teacher, student), the folder of a tokenizer file, a data folder and
+  the folder a data glob names (a file written there would join the data set);
 - an existing folder where a file is expected, an existing file where a
-  folder is expected, and a parent that is a file.
+  folder is expected, and a parent that is a file;
+- for a report (``kind="report"``), an existing file that is not a report this
+  tool wrote (recognised by its content): reports replace only reports.
 
 Single files are then written atomically through ``paths.write_bytes_atomic``
 (temporary name and rename locally, one upload on GCS).
@@ -17,10 +21,12 @@ Single files are then written atomically through ``paths.write_bytes_atomic``
 
 from __future__ import annotations
 
+import fnmatch
 import os
 
 from . import paths
 from .errors import InputError
+from .models.specs import is_path_spec
 
 MANIFEST_NAME = "manifest.json"  # the store's marker (store.manifest.MANIFEST_NAME; no import cycle)
 
@@ -60,12 +66,36 @@ def enclosing_store(uri: str, *, include_self: bool = True) -> str | None:
     return None
 
 
-def _is_path(spec) -> bool:
-    """Whether an input spec names a path (not e.g. ``preset:NAME`` or a glob)."""
-    if not spec or not str(spec).strip() or any(c in str(spec) for c in "*?["):
-        return False
+def _protected(flag: str, spec: str) -> list[tuple[str, str]]:
+    """The places an output must not be, for input ``spec``: (normalized path, how), how being "equal"
+    (the path itself), "inside" (the folder and everything in it) or "matches" (a glob's pattern)."""
+    if not is_path_spec(spec):
+        return []
     spec = str(spec)
-    return spec.startswith(("gs://", "file://")) or ":" not in spec.split("/", 1)[0]
+    if any(c in spec for c in "*?["):  # a glob: what it could match (a recursive one: all under its root)
+        pattern = normalize(spec)
+        if "**" in spec:
+            parts = pattern.split("/")
+            root = "/".join(parts[: next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))])
+            return [(root, "inside")]
+        return [(pattern, "matches")]
+    norm = normalize(spec)
+    if norm.startswith("gs://"):
+        fs, path = paths.url_to_fs(spec)
+        try:
+            is_dir = fs.isdir(path)
+        except Exception:  # noqa: BLE001 - an unreadable input fails where it is read, with its own line
+            is_dir = False
+    else:
+        is_dir = os.path.isdir(norm)
+    out = [(norm, "inside" if is_dir else "equal")]
+    if not is_dir and flag == "--tokenizer":  # tokenizer.json sits in its model's folder
+        out.append((norm.rsplit("/", 1)[0], "inside"))
+    return out
+
+
+def _inside(norm: str, folder: str) -> bool:
+    return norm.startswith(folder.rstrip("/") + "/")
 
 
 def require_nonblank(uri: str | None, flag: str) -> str:
@@ -85,23 +115,65 @@ def check_output(uri: str, flag: str, *, kind: str, inputs: dict[str, str | None
     require_nonblank(uri, flag)
     paths.check_reachable(uri, flag)  # gs://: one line within seconds, not a minute of retries
     norm = normalize(uri)
-    for in_flag, in_uri in (inputs or {}).items():
-        if _is_path(in_uri) and normalize(in_uri) == norm:
-            raise InputError(f"{flag} {uri} is also the input {in_flag}; choose another output path")
-    local = not norm.startswith("gs://")
-    if local:
-        _check_local_shape(norm, uri, flag, kind)
-    elif kind == "file":
-        fs, path = paths.url_to_fs(uri)
-        fs.invalidate_cache(path)
-        if fs.isdir(path):
-            raise InputError(f"{flag} {uri} is an existing folder (objects lie under it); give a file path")
     store = enclosing_store(uri, include_self=not own_store)
     if store is not None:
         what = "is" if store == norm else "lies inside"
         raise InputError(f"{flag} {uri} {what} the logit store {store} (it holds {MANIFEST_NAME}); "
                          "writing there could destroy the store; choose a path outside it")
+    for in_flag, in_uri in (inputs or {}).items():
+        for place, how in _protected(in_flag, in_uri):
+            if norm == place:
+                raise InputError(f"{flag} {uri} is the input {in_flag} {in_uri}; choose another output path")
+            if how == "inside" and _inside(norm, place):
+                raise InputError(f"{flag} {uri} lies inside {place}, a folder of the input {in_flag} {in_uri}; "
+                                 "writing there could change or destroy an input: choose a path outside it")
+            if how == "matches" and fnmatch.fnmatchcase(norm, place):
+                raise InputError(f"{flag} {uri} matches the input {in_flag} {in_uri}: it would join the data set; "
+                                 "choose another output path")
+    local = not norm.startswith("gs://")
+    if local:
+        _check_local_shape(norm, uri, flag, "file" if kind == "report" else kind)
+    elif kind in ("file", "report"):
+        fs, path = paths.url_to_fs(uri)
+        fs.invalidate_cache(path)
+        if fs.isdir(path):
+            raise InputError(f"{flag} {uri} is an existing folder (objects lie under it); give a file path")
+    if kind == "report":
+        _check_replaceable_report(uri, flag)
     return uri
+
+
+REPORT_MARK = "logit-distill"  # a report's JSON "report" field, or the comment its Markdown starts with
+
+
+def report_comment(what: str) -> str:
+    """The first line of a Markdown report of ``what`` (how a later run recognises it as replaceable)."""
+    return f"<!-- {REPORT_MARK} {what} report: this file is rewritten by the command that wrote it -->"
+
+
+def is_report(data: bytes) -> bool:
+    """Whether ``data`` is a report this tool wrote (JSON with a ``report`` field naming it, or Markdown
+    starting with ``report_comment``; earlier versions' verify reports are recognised too)."""
+    text = data.decode("utf-8", errors="replace").lstrip()
+    if text.startswith(f"<!-- {REPORT_MARK} ") or text.startswith("# Logit store verification:"):
+        return True
+    try:
+        import json
+
+        obj = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(obj, dict):
+        return False
+    return str(obj.get("report", "")).startswith(REPORT_MARK) or {"store", "checks", "logit_distill_version"} <= set(obj)
+
+
+def _check_replaceable_report(uri: str, flag: str) -> None:
+    if not paths.exists(uri):
+        return
+    if not is_report(paths.read_bytes(uri)):
+        raise InputError(f"{flag} {uri} exists and is not a report logit-distill wrote; it is left as it is: "
+                         "give another path, or remove the file first")
 
 
 def _check_local_shape(norm: str, uri: str, flag: str, kind: str) -> None:

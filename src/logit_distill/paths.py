@@ -92,7 +92,9 @@ def check_reachable(uri: str, flag: str) -> None:
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
     parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else "http://" + endpoint)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    timeout = float(os.environ.get("LOGIT_DISTILL_GCS_PROBE_TIMEOUT") or GCS_PROBE_TIMEOUT_S)
+    from . import environment
+
+    timeout = environment.get("LOGIT_DISTILL_GCS_PROBE_TIMEOUT", GCS_PROBE_TIMEOUT_S)
     outcome: dict = {}
 
     def ask():
@@ -197,7 +199,8 @@ def remove(uri: str) -> None:
     fs.rm_file(path)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync(path: str) -> None:
+    """fsync a local file or folder (a folder: so that a rename in it survives a crash)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -213,28 +216,51 @@ def _publish_local(path: str, fill) -> None:
     tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
     try:
         fill(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _rename_synced(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    _fsync_dir(directory)
 
 
-def commit_file(local_src: str, dest_uri: str) -> None:
+def _rename_synced(tmp: str, path: str) -> None:
+    """fsync ``tmp``, rename it to ``path`` (same file system), fsync the directory."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync(os.path.dirname(path))
+
+
+def commit_file(local_src: str, dest_uri: str, *, move: bool = False) -> None:
     """Make ``local_src`` visible at ``dest_uri`` atomically: completely or not at all.
 
-    Local destination: copy to a temporary name in the destination directory
-    (rename needs the same filesystem), fsync, rename, fsync the directory.
-    GCS: one upload; the object becomes visible only once the upload completes.
+    Local destination: ``local_src`` itself is renamed there when ``move`` and it lies in the same
+    directory; otherwise it is copied to a temporary name in the destination directory (rename
+    needs the same filesystem). Either way the file is fsynced, renamed and the directory fsynced.
+    GCS: one upload; the object becomes visible only once the upload completes. Without ``move``,
     ``local_src`` is left in place.
     """
     fs, path = url_to_fs(dest_uri)
     if "file" in _protocols(fs):
-        _publish_local(path, lambda tmp: shutil.copyfile(local_src, tmp))
+        if move and os.path.dirname(os.path.abspath(local_src)) == os.path.dirname(os.path.abspath(path)):
+            _rename_synced(local_src, path)
+        else:
+            _publish_local(path, lambda tmp: shutil.copyfile(local_src, tmp))
     else:
         fs.put_file(local_src, path)
+
+
+def read_json(uri: str, what: str):
+    """The JSON object of ``uri``; InputError naming ``what`` when the file is missing or is not JSON."""
+    import json
+
+    from .errors import InputError
+
+    if not exists(uri):
+        raise InputError(f"{uri}: no {basename(uri)} ({what})")
+    try:
+        return json.loads(read_bytes(uri))
+    except ValueError as e:
+        raise InputError(f"{uri}: not valid JSON ({e})") from None
 
 
 def write_bytes_atomic(dest_uri: str, data: bytes) -> None:
@@ -278,7 +304,7 @@ def sha256_file(path: str) -> tuple[str, int]:
 
 def default_cache_dir(*parts: str) -> str:
     """``$LOGIT_DISTILL_CACHE`` (default ``~/.cache/logit-distill``) joined with ``parts``."""
-    root = os.environ.get("LOGIT_DISTILL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "logit-distill"
-    )
+    from . import environment
+
+    root = environment.get("LOGIT_DISTILL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "logit-distill")
     return os.path.join(root, *parts)

@@ -12,6 +12,18 @@ class Interrupted(LogitDistillError):
     """A job stopped on a signal after saving what it could; the same command resumes it."""
 
 
+class SignalInterrupt(KeyboardInterrupt):
+    """SIGINT or SIGTERM outside a job's safe points: the command ends like on Ctrl-C (exit 130)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
 class StopOnSignal:
     """While active, SIGTERM/SIGINT set ``event`` instead of killing the process.
 

@@ -1,12 +1,12 @@
-"""Input files: resolving a data URI, the data identity, and reading documents.
+"""Input files: resolving a data URI to its files, and the data identity.
 
-Two input kinds, never mixed in one data set:
+Three input kinds, never mixed in one data set:
 
-* JSONL text (`*.jsonl`, also `*.jsonl.gz` / `*.jsonl.zst`, decompressed by fsspec): one JSON object
-  per line, the document text in a configurable field.
-* Pre-tokenized ArrayRecord (`*.array_record`, also Grain-style `*.array_record-00000-of-00004`):
-  one record per document, the record bytes being the token ids as little-endian int32
-  (`numpy.dtype("<i4")`), nothing else (no header, no pickle). `write_pretokenized` writes them.
+* JSONL (`*.jsonl`, also `*.jsonl.gz` / `*.jsonl.zst`, decompressed by fsspec): one JSON object
+  per line (records.py reads them);
+* Parquet (`*.parquet`): one row per record (records.py);
+* pre-tokenized ArrayRecord (`*.array_record`, also Grain-style `*.array_record-00000-of-00004`):
+  one record per document (pretokenized.py has the record layouts).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import posixpath
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import fsspec
 import fsspec.core
@@ -27,7 +26,9 @@ import numpy as np
 from logit_distill.errors import InputError
 
 JSONL = "jsonl"
+PARQUET = "parquet"
 ARRAY_RECORD = "array_record"
+KIND_NAMES = {JSONL: "JSONL", PARQUET: "Parquet", ARRAY_RECORD: "ArrayRecord"}
 TOKEN_DTYPE = np.dtype("<i4")  # the ArrayRecord record encoding and the token cache dtype
 _HASH_BLOCK = 8 << 20
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar only for inputs at least this large
@@ -37,6 +38,8 @@ def file_kind(name: str) -> str | None:
     base = posixpath.basename(name)
     if base.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
         return JSONL
+    if base.endswith(".parquet"):
+        return PARQUET
     if base.endswith(".array_record") or ".array_record-" in base:
         return ARRAY_RECORD
     return None
@@ -93,27 +96,30 @@ def resolve_inputs(data: str) -> DataInputs:
         paths = [e["name"] for e in fs.ls(path, detail=True) if e.get("type") == "file" and file_kind(e["name"])]
         if not paths:
             raise InputError(
-                f"data directory {data} holds no *.jsonl or *.array_record files (sub-directories are not searched)"
+                f"data directory {data} holds no *.jsonl, *.parquet or *.array_record files (sub-directories are "
+                "not searched)"
             )
     elif fs.isfile(path):
         root = posixpath.dirname(path)
         paths = [path]
     else:
-        raise InputError(f"data path not found: {data}")
+        raise InputError(f"data path not found: {data}; check the path")
 
     files, kinds = [], set()
     for p in sorted(paths):
         kind = file_kind(p)
         if kind is None:
             raise InputError(
-                f"{fs.unstrip_protocol(p)}: unknown data file type (expected *.jsonl[.gz|.zst] or *.array_record)"
+                f"{fs.unstrip_protocol(p)}: unknown data file type (expected *.jsonl[.gz|.zst], *.parquet or "
+                "*.array_record)"
             )
         kinds.add(kind)
         info = fs.info(p)
         name = posixpath.relpath(p, root) if root else p
         files.append(InputFile(fs.unstrip_protocol(p), p, name, int(info.get("size") or 0), info))
     if len(kinds) > 1:
-        raise InputError(f"data {data} mixes JSONL and ArrayRecord files; use one kind per data set")
+        names = " and ".join(KIND_NAMES[k] for k in sorted(kinds))
+        raise InputError(f"data {data} mixes {names} files; use one kind per data set")
     return DataInputs(uri=data, fs=fs, kind=kinds.pop(), files=files)
 
 
@@ -203,123 +209,3 @@ def data_identity(inputs: DataInputs, hash_cache_dir: str | None) -> str:
     """sha256 over (name relative to the data root, size, content digest) of every input file, in order."""
     entries = [{"name": f.name, "size": f.size, "digest": file_digest(inputs, f, hash_cache_dir)} for f in inputs.files]
     return hashlib.sha256(json.dumps({"kind": inputs.kind, "files": entries}, sort_keys=True).encode()).hexdigest()
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def _archive_errors() -> tuple:
-    """Exceptions of a truncated or mislabelled compressed file (gzip, zlib, zstd)."""
-    import gzip
-    import zlib
-
-    errors = [EOFError, gzip.BadGzipFile, zlib.error]
-    try:
-        import zstandard
-
-        errors.append(zstandard.ZstdError)
-    except ImportError:
-        pass
-    return tuple(errors)
-
-
-def iter_jsonl_texts(f: InputFile, text_field: str, on_bytes=None) -> Iterator[str]:
-    """Yield the `text_field` string of every non-blank line; InputError names file and line,
-    also for a compressed file that is truncated or not what its name says."""
-    where = [0]
-    try:
-        yield from _iter_jsonl_texts(f, text_field, on_bytes, where)
-    except _archive_errors() as e:
-        raise InputError(
-            f"{f.url}: after line {where[0]}: the compressed file is truncated or not what its name says "
-            f"({type(e).__name__}: {e}); re-copy or re-compress it, or name it by its real format"
-        ) from None
-
-
-def _iter_jsonl_texts(f: InputFile, text_field: str, on_bytes, where: list) -> Iterator[str]:
-    with fsspec.open(f.url, "rb", compression="infer") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            where[0] = lineno - 1
-            if on_bytes is not None:
-                on_bytes(len(raw))
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except ValueError as e:
-                raise InputError(f"{f.url}:{lineno}: not valid JSON ({e})") from e
-            if not isinstance(obj, dict):
-                raise InputError(f"{f.url}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            if text_field not in obj:
-                raise InputError(
-                    f"{f.url}:{lineno}: no field {text_field!r} (fields: {sorted(obj)[:10]}); set the text field name"
-                )
-            text = obj[text_field]
-            if not isinstance(text, str):
-                raise InputError(f"{f.url}:{lineno}: field {text_field!r} is a {type(text).__name__}, not a string")
-            yield text
-
-
-def array_record_reader(local_path: str):
-    from array_record.python.array_record_module import ArrayRecordReader
-
-    return ArrayRecordReader(local_path, "readahead_buffer_size:16M")
-
-
-def decode_record(rec: bytes, where: str) -> np.ndarray:
-    if len(rec) % TOKEN_DTYPE.itemsize:
-        raise InputError(
-            f"{where}: record of {len(rec)} bytes is not a whole number of little-endian int32 token ids"
-        )
-    arr = np.frombuffer(rec, dtype=TOKEN_DTYPE)
-    if arr.size and arr.min() < 0:
-        raise InputError(f"{where}: negative token id {int(arr.min())}")
-    return arr
-
-
-def iter_array_record_docs(local_path: str, url: str, batch: int = 4096) -> Iterator[np.ndarray]:
-    reader = array_record_reader(local_path)
-    try:
-        n = reader.num_records()
-        for start in range(0, n, batch):
-            for j, rec in enumerate(reader.read(start, min(n, start + batch))):
-                yield decode_record(rec, f"{url} record {start + j}")
-    finally:
-        reader.close()
-
-
-def write_pretokenized(path: str, documents: Sequence[np.ndarray], *, options: str = "group_size:1024") -> str:
-    """Write documents (1-D integer arrays of token ids) as a pre-tokenized ArrayRecord file.
-
-    Each record is one document: its ids as little-endian int32 bytes. `path` may be local, file://
-    or gs:// (written locally, then uploaded). The file appears atomically. Returns the URL written.
-    """
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    fs, fpath = fsspec.core.url_to_fs(path)
-    if file_kind(fpath) != ARRAY_RECORD:
-        raise InputError(f"{path}: a pre-tokenized file name must end in .array_record")
-    local = "file" in _protocols(fs)
-    out_dir = os.path.dirname(fpath) if local else None
-    if local:
-        os.makedirs(out_dir or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".array_record")
-    os.close(fd)
-    try:
-        writer = ArrayRecordWriter(tmp, options)
-        for i, doc in enumerate(documents):
-            arr = np.asarray(doc)
-            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-                raise InputError(f"document {i}: expected a 1-D integer array, got {arr.dtype} {arr.shape}")
-            if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
-                raise InputError(f"document {i}: token ids must be in [0, 2**31)")
-            writer.write(arr.astype(TOKEN_DTYPE).tobytes())
-        writer.close()
-        if local:
-            os.replace(tmp, fpath)
-        else:
-            fs.put_file(tmp, fpath)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return fs.unstrip_protocol(fpath)

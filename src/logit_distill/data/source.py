@@ -11,7 +11,9 @@ import numpy as np
 
 from logit_distill.errors import InputError
 
-from .inputs import JSONL, data_identity, resolve_inputs
+from .conversations import ChatOptions
+from .formats import TEXT, DataFormat, detect_format
+from .inputs import ARRAY_RECORD, KIND_NAMES, DataInputs, data_identity, resolve_inputs
 from .order import PackedLayout, UnpackedLayout, document_order
 from .token_cache import TokenCache, build_or_load, default_cache_dir, load_cache
 from .tokenizer import Tokenizer, load_tokenizer
@@ -28,6 +30,37 @@ def settings_identity(identity: dict) -> dict:
     return {k: v for k, v in identity.items() if k not in DERIVED_FIELDS}
 
 
+def _settings(kind: str, data_sha256: str, tokenizer: Tokenizer | None, text_field: str, fmt: DataFormat,
+              seed: int, seq_len: int, packing: bool) -> dict:
+    """The identity fields known before tokenizing (shared by plan_identity and ExampleSource).
+    A text or pre-tokenized data set has exactly the fields it had before conversations existed."""
+    eos_id = tokenizer.eos_id if tokenizer is not None else None
+    identity = {
+        "format": FORMAT,
+        "order": ORDER,
+        "data_kind": kind,
+        "data_sha256": data_sha256,
+        "tokenizer_sha256": tokenizer.identity if tokenizer is not None else None,
+        "eos_id": eos_id,
+        "pad_id": eos_id if eos_id is not None else 0,
+        "text_field": text_field if fmt.format == TEXT else None,
+        "seed": int(seed),
+        "seq_len": int(seq_len),
+        "packing": bool(packing),
+    }
+    if fmt.is_chat:
+        identity["chat"] = fmt.identity()
+    return identity
+
+
+def _tokenizer_for(inputs: DataInputs, data: str, tokenizer_path: str | None) -> Tokenizer | None:
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    if inputs.kind != ARRAY_RECORD and tokenizer is None:
+        raise InputError(f"data {data} is {KIND_NAMES[inputs.kind]}: a tokenizer (tokenizer.json) is needed to "
+                         "tokenize it")
+    return tokenizer
+
+
 def plan_identity(
     data: str,
     tokenizer_path: str | None,
@@ -36,37 +69,31 @@ def plan_identity(
     packing: bool = True,
     seed: int = 0,
     text_field: str = "text",
+    chat: ChatOptions | None = None,
     cache_dir: str | None = None,
 ) -> dict:
     """``settings_identity(ExampleSource.open(...).identity)`` without tokenizing anything.
 
-    Reads the tokenizer and hashes the data files (cached locally; on GCS the
-    objects' checksums are used), so a pipeline can name a store before the
-    expensive work starts.
+    Reads the tokenizer (and for conversations the chat template), the first record (which fixes
+    the data set's format) and hashes the data files (cached locally; on GCS the objects' checksums
+    are used), so a pipeline can name a store before the expensive work starts.
     """
     inputs = resolve_inputs(data)
-    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
-    if inputs.kind == JSONL and tokenizer is None:
-        raise InputError(f"data {data} is JSONL text: a tokenizer (tokenizer.json) is needed to tokenize it")
+    tokenizer = _tokenizer_for(inputs, data, tokenizer_path)
+    fmt = detect_format(inputs, tokenizer_path, text_field, chat)
     cache_dir = (cache_dir or default_cache_dir()).removeprefix("file://")
-    eos_id = tokenizer.eos_id if tokenizer is not None else None
-    return {
-        "format": FORMAT,
-        "order": ORDER,
-        "data_kind": inputs.kind,
-        "data_sha256": data_identity(inputs, os.path.join(cache_dir, "hashes")),
-        "tokenizer_sha256": tokenizer.identity if tokenizer is not None else None,
-        "eos_id": eos_id,
-        "pad_id": eos_id if eos_id is not None else 0,
-        "text_field": text_field if inputs.kind == JSONL else None,
-        "seed": int(seed),
-        "seq_len": int(seq_len),
-        "packing": bool(packing),
-    }
+    data_sha256 = data_identity(inputs, os.path.join(cache_dir, "hashes"))
+    return _settings(inputs.kind, data_sha256, tokenizer, text_field, fmt, seed, seq_len, packing)
 
 
 class ExampleSource:
-    """Examples `{"tokens", "segment_ids", "positions"}` (int32 `[seq_len]`) in a fixed order.
+    """Examples `{"tokens", "segment_ids", "positions"}` (int32 `[seq_len]`) and `"loss_mask"`
+    (bool `[seq_len]`) in a fixed order.
+
+    ``loss_mask[j]`` says that the prediction at position j (of token j + 1) is trained: token
+    j + 1 is in the same segment (so never padding, never across documents) and, for conversations
+    and supervised pre-tokenized records, is a supervised token. For text it is exactly
+    ``train.losses.next_token_mask(segment_ids)``.
 
     `src[i]` costs O(seq_len * log num_documents) whatever i is: resuming at step 10**6 seeks, it does
     not replay. A Grain `RandomAccessDataSource` (`__len__`, `__getitem__`); picklable without
@@ -82,6 +109,7 @@ class ExampleSource:
         seed: int,
         text_field: str,
         tokenizer: Tokenizer | None,
+        fmt: DataFormat,
         data: str | None = None,
     ):
         self._cache = cache
@@ -108,19 +136,12 @@ class ExampleSource:
             self.vocab_size = self.max_token_id + 1
             self.eos_id = None
         self.pad_id = self.eos_id if self.eos_id is not None else 0
+        self.format = fmt.format
+        # Documents left out because no token of theirs is supervised (to report at the end of a dump).
+        self.skipped_unsupervised = int(meta.get("skipped_unsupervised_documents", 0))
         self._build_layout()
         self.identity = {
-            "format": FORMAT,
-            "order": ORDER,
-            "data_kind": self.kind,
-            "data_sha256": meta["data_sha256"],
-            "tokenizer_sha256": tokenizer.identity if tokenizer is not None else None,
-            "eos_id": self.eos_id,
-            "pad_id": self.pad_id,
-            "text_field": text_field if self.kind == JSONL else None,
-            "seed": seed,
-            "seq_len": seq_len,
-            "packing": packing,
+            **_settings(self.kind, meta["data_sha256"], tokenizer, text_field, fmt, seed, seq_len, packing),
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
             "num_examples": len(self),
@@ -143,13 +164,17 @@ class ExampleSource:
         packing: bool = True,
         seed: int = 0,
         text_field: str = "text",
+        chat: ChatOptions | None = None,
         cache_dir: str | None = None,
         fresh: bool = False,
     ) -> "ExampleSource":
-        """Open `data` (a .jsonl / .array_record file, a glob, or a directory of them; local, file://, gs://).
+        """Open `data` (a .jsonl / .parquet / .array_record file, a glob, or a directory of them; local,
+        file://, gs://).
 
-        JSONL needs `tokenizer_path` (tokenizer.json or its directory). For pre-tokenized ArrayRecord it
-        is optional: it gives `vocab_size`, `eos_id` (the pad token) and a check of the ids.
+        JSONL and Parquet need `tokenizer_path` (tokenizer.json or its directory). For pre-tokenized
+        ArrayRecord it is optional: it gives `vocab_size`, `eos_id` (the pad token) and a check of the ids.
+        Records with `messages` (or `prompt` + `completion`) are conversations, rendered with the chat
+        template and masked as `chat` says (default `ChatOptions()`; docs/DATA.md).
         The first open tokenizes everything into `cache_dir` (default `$LOGIT_DISTILL_CACHE/data`, else
         `~/.cache/logit-distill/data`; a local directory); later opens reuse it.
         `fresh=True` trusts no cache: the files are hashed again and tokenized into a temporary
@@ -166,18 +191,17 @@ class ExampleSource:
             raise InputError(f"cache_dir must be a local directory (the token cache is memory-mapped), got {cache_dir}")
         cache_dir = cache_dir.removeprefix("file://")
         inputs = resolve_inputs(data)
-        tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
-        if inputs.kind == JSONL and tokenizer is None:
-            raise InputError(f"data {data} is JSONL text: a tokenizer (tokenizer.json) is needed to tokenize it")
+        tokenizer = _tokenizer_for(inputs, data, tokenizer_path)
+        fmt = detect_format(inputs, tokenizer_path, text_field, chat)
         scratch = None
         if fresh:
             scratch = tempfile.TemporaryDirectory(prefix="logit-distill-fresh-")
             cache_dir = scratch.name
         data_id = data_identity(inputs, None if fresh else os.path.join(cache_dir, "hashes"))
-        cache = build_or_load(inputs, data_id, tokenizer, text_field, cache_dir)
+        cache = build_or_load(inputs, data_id, tokenizer, text_field, cache_dir, fmt)
         source = cls(
             cache, seq_len=int(seq_len), packing=bool(packing), seed=int(seed), text_field=text_field, tokenizer=tokenizer,
-            data=data,
+            fmt=fmt, data=data,
         )
         source._scratch = scratch  # removed with the source
         return source
@@ -210,17 +234,24 @@ class ExampleSource:
         tokens[:n] = self._cache.tokens[src]
         segment_ids[:n] = seg
         positions[:n] = pos
-        return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+        loss_mask = np.zeros(L, dtype=bool)
+        loss_mask[:-1] = (segment_ids[:-1] != 0) & (segment_ids[1:] == segment_ids[:-1])
+        if self._cache.supervised is not None:
+            target = np.zeros(L, dtype=bool)
+            target[:n] = self._cache.supervised[src] != 0
+            loss_mask[:-1] &= target[1:]
+        return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions, "loss_mask": loss_mask}
 
     def batch(self, indices: Iterable[int]) -> dict[str, np.ndarray]:
-        """Examples `indices` stacked: int32 arrays `[n, seq_len]`."""
+        """Examples `indices` stacked: arrays `[n, seq_len]` (int32; loss_mask bool)."""
         idx = indices if isinstance(indices, np.ndarray) else list(indices)
         arr = np.asarray(idx).reshape(-1)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise TypeError(f"example indices must be integers, got {arr.dtype}")
         examples = [self[i] for i in arr]
         if not examples:
-            return {k: np.zeros((0, self.seq_len), np.int32) for k in ("tokens", "segment_ids", "positions")}
+            out = {k: np.zeros((0, self.seq_len), np.int32) for k in ("tokens", "segment_ids", "positions")}
+            return {**out, "loss_mask": np.zeros((0, self.seq_len), bool)}
         return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
 
     def check_vocab(self, model_vocab_size: int) -> None:

@@ -37,9 +37,9 @@ from flax import nnx
 
 from .. import paths
 from ..errors import InputError
-from . import safetensors_io
+from . import safetensors_io, specs
 
-PREFIX = "flax:"
+PREFIX = specs.FLAX
 META_NAME = "student.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "logit-distill-flax-nnx-student"
@@ -57,10 +57,6 @@ class FlaxSpec:
     @property
     def target(self) -> str:
         return f"{self.module}:{self.factory}"
-
-
-def is_flax_spec(spec: str) -> bool:
-    return isinstance(spec, str) and spec.startswith(PREFIX)
 
 
 def _value(text: str):
@@ -99,9 +95,10 @@ def parse_spec(spec: str) -> FlaxSpec:
 def _factory(fs: FlaxSpec):
     try:
         mod = importlib.import_module(fs.module)
-    except Exception as e:  # noqa: BLE001 - any failure while importing user code is bad input
-        raise InputError(f"student {fs.spec!r}: cannot import module {fs.module!r} "
-                         f"({type(e).__name__}: {e}); the module must be importable (on PYTHONPATH)") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure while importing user code is bad input
+        what = f"it called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+        raise InputError(f"student {fs.spec!r}: cannot import module {fs.module!r} ({_first_line_of(what)}); "
+                         "the module must be importable (on PYTHONPATH) without side effects") from None
     fn = getattr(mod, fs.factory, None)
     if fn is None or not callable(fn):
         raise InputError(f"student {fs.spec!r}: module {fs.module!r} has no callable {fs.factory!r}")
@@ -124,7 +121,7 @@ def _construct(fs: FlaxSpec, fn, vocab_size: int, *, abstract: bool):
             module = nnx.eval_shape(make) if abstract else make()
     except InputError:
         raise
-    except Exception as e:  # noqa: BLE001 - the factory is user code
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the factory is user code
         raise InputError(f"student {fs.spec!r}: the factory {fs.target}(vocab_size={vocab_size}, "
                          f"**{fs.kwargs!r}) failed: {type(e).__name__}: {_first_line(e)}") from None
     if "type" in got:
@@ -134,8 +131,12 @@ def _construct(fs: FlaxSpec, fn, vocab_size: int, *, abstract: bool):
 
 
 def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else ""
+    return _first_line_of(str(e))
+
+
+def _first_line_of(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _leaf_value(v):
@@ -185,10 +186,20 @@ def _structure_fingerprint(variables: dict) -> str:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
-def build(spec: str, *, vocab_size: int, seq_len: int) -> FlaxStudent:
-    """The student of ``spec`` for a store of ``vocab_size`` and ``seq_len``; InputError (naming the
-    factory) before any weight is allocated when it cannot be imported, is not an nnx.Module, or
-    gives logits of another shape than ``[B, seq_len, vocab_size]``."""
+@dataclasses.dataclass(frozen=True)
+class FlaxDescription:
+    """What ``describe`` finds of a Flax student without allocating a weight."""
+
+    spec: FlaxSpec
+    vocab_size: int
+    identity: dict
+    annotations: dict  # {flat name: tuple of axis names or None} from nnx.with_partitioning
+
+
+def describe(spec: str, *, vocab_size: int, seq_len: int) -> FlaxDescription:
+    """The student of ``spec`` for a store of ``vocab_size`` and ``seq_len``, checked with abstract calls
+    (``nnx.eval_shape``, no weights allocated); InputError (naming the factory) when it cannot be
+    imported, is not an nnx.Module, or gives logits of another shape than ``[B, seq_len, vocab_size]``."""
     fs = parse_spec(spec)
     fn = _factory(fs)
     abstract = _construct(fs, fn, vocab_size, abstract=True)
@@ -214,15 +225,22 @@ def build(spec: str, *, vocab_size: int, seq_len: int) -> FlaxStudent:
     for name, var in variables.items():
         axes = var.get_metadata().get("out_sharding") if hasattr(var, "get_metadata") else None
         annotations[name] = tuple(axes) if axes else None
+    identity = {"kind": "flax", "factory": fs.target, "kwargs": fs.kwargs, "vocab_size": int(vocab_size),
+                "params_sha256": _structure_fingerprint(abstract_params)}
+    return FlaxDescription(spec=fs, vocab_size=int(vocab_size), identity=identity, annotations=annotations)
 
-    module = _construct(fs, fn, vocab_size, abstract=False)  # the real initialization
+
+def build(spec: str, *, vocab_size: int, seq_len: int) -> FlaxStudent:
+    """The student of ``spec``, checked (``describe``), then initialized for real."""
+    described = describe(spec, vocab_size=vocab_size, seq_len=seq_len)
+    fs = described.spec
+    module = _construct(fs, _factory(fs), vocab_size, abstract=False)  # the real initialization
     graphdef, variables, path_of, rest = _split(module)
     params = {n: jnp.asarray(_leaf_value(v)) for n, v in variables.items()}
-    identity = {"kind": "flax", "factory": fs.target, "kwargs": fs.kwargs, "vocab_size": int(vocab_size),
-                "params_sha256": _structure_fingerprint(params)}
+    identity = {**described.identity, "params_sha256": _structure_fingerprint(params)}
     return FlaxStudent(spec=fs, vocab_size=int(vocab_size), params=params,
-                       apply=make_apply(graphdef, path_of, rest), annotations=annotations, identity=identity,
-                       graphdef=graphdef, path_of=path_of)
+                       apply=make_apply(graphdef, path_of, rest), annotations=described.annotations,
+                       identity=identity, graphdef=graphdef, path_of=path_of)
 
 
 # ----------------------------------------------------------------------------- sharding
@@ -325,12 +343,7 @@ def save_student(student: FlaxStudent, params: dict, out_dir: str, tokenizer_pat
 
 def read_meta(directory: str) -> dict:
     uri = paths.join(directory.rstrip("/"), META_NAME)
-    if not paths.exists(uri):
-        raise InputError(f"{directory}: no {META_NAME} (is this a Flax student exported by logit-distill train?)")
-    try:
-        meta = json.loads(paths.read_bytes(uri))
-    except ValueError as e:
-        raise InputError(f"{uri}: not valid JSON ({e})") from None
+    meta = paths.read_json(uri, "is this a Flax student exported by logit-distill train?")
     if meta.get("format") != FORMAT:
         raise InputError(f"{uri}: format {meta.get('format')!r} is not {FORMAT!r}")
     return meta

@@ -5,7 +5,9 @@ preset once into ``$LOGIT_DISTILL_CACHE/presets/`` and then loads it through
 the ordinary checkpoint path, so presets exercise the real loader.
 
 The configs keep each family's published settings (rope_theta, rope scaling,
-norms, biases, tied embeddings, sliding windows) and shrink only the sizes.
+norms, biases, tied embeddings, sliding windows; for the mixtures of experts
+the routing, shared experts, dense layers, MLA and sinks) and shrink only the
+sizes.
 The tokenizer is a byte-level BPE without merges: the 256 byte symbols plus a
 few special tokens, built with HF ``tokenizers`` (deterministic, no data).
 """
@@ -153,6 +155,132 @@ PRESETS: dict[str, dict] = {
         "sliding_window": None,
         "max_window_layers": 4,
     },
+    # Qwen3-MoE (as Qwen3-30B-A3B: 128 experts top-8 -> 8 experts top-2, norm_topk_prob, untied)
+    "tiny-qwen3-moe": {
+        **_COMMON,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "max_window_layers": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "router_aux_loss_coef": 0.001,
+    },
+    # gpt-oss (as gpt-oss-20b: sinks, alternating 128-token windows -> 8, YaRN, biases, clamped SwiGLU)
+    "tiny-gpt-oss": {
+        **_COMMON,
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "experts_per_token": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 8,
+        "max_position_embeddings": 131072,
+        "initial_context_length": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000.0,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                         "rope_type": "yarn", "truncate": False},
+        "attention_bias": True,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "router_aux_loss_coef": 0.9,
+    },
+    # DeepSeek-V3 / Kimi K2 (MLA, sigmoid routing in groups, a shared expert, dense first layer, YaRN mscale)
+    "tiny-deepseek-v3": {
+        **_COMMON,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "first_k_dense_replace": 1,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "rope_interleave": True,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+    },
+    # GLM-4.5 (partial rotary 0.5, q/k/v biases, qk-norm, DeepSeek-style routing, shared expert, dense first layer)
+    "tiny-glm4-moe": {
+        **_COMMON,
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "first_k_dense_replace": 1,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "partial_rotary_factor": 0.5,
+        "use_qk_norm": True,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
 }
 
 # The demo's teacher: tiny-qwen2 (untied) with its output head scaled 25x after the random
@@ -219,18 +347,6 @@ def _preset_config(name: str) -> dict:
     if name not in PRESETS:
         raise InputError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
     return json.loads(json.dumps(PRESETS[name]))
-
-
-def parse_preset_spec(spec: str) -> tuple[str, int]:
-    """``preset:NAME`` or ``preset:NAME@SEED`` -> (NAME, SEED)."""
-    body = spec[len("preset:"):] if spec.startswith("preset:") else spec
-    name, _, seed = body.partition("@")
-    try:
-        seed_i = int(seed) if seed else 0
-    except ValueError:
-        raise InputError(f"bad preset seed in {spec!r}: {seed!r} is not an integer") from None
-    _preset_config(name)
-    return name, seed_i
 
 
 def materialize_preset(name: str, out_dir: str, seed: int = 0) -> str:

@@ -19,6 +19,7 @@ import re
 
 from .. import paths
 from . import manifest as manifest_mod
+from .layout import StoreLayout
 from .lease import LEASE_NAME
 
 CHUNK_RE = re.compile(
@@ -56,18 +57,12 @@ def parse_chunk_name(name: str, size: int = 0) -> ChunkInfo | None:
 
 def expected_ranges(manifest: dict) -> list[tuple[int, int]]:
     """The step ranges [start, end) of a process's chunks, in order."""
-    layout = manifest["layout"]
-    n, s = layout["num_steps"], layout["steps_per_file"]
-    starts = range(0, n, s)
-    return list(zip(starts, [*range(s, n, s), n]))
+    return StoreLayout.of(manifest).ranges()
 
 
 def range_of_step(manifest: dict, step: int) -> tuple[int, int]:
     """The step range [start, end) of the chunk that holds ``step``."""
-    layout = manifest["layout"]
-    n, s = layout["num_steps"], layout["steps_per_file"]
-    start = (step // s) * s
-    return start, min(start + s, n)
+    return StoreLayout.of(manifest).range_of_step(step)
 
 
 @dataclasses.dataclass
@@ -88,6 +83,14 @@ class ScanResult:
     @property
     def num_present(self) -> int:
         return len(self.chunks)
+
+    def steps_missing(self) -> list[int]:
+        """The steps some process still lacks, in order: every missing chunk range, gaps included."""
+        steps = set()
+        for ranges in self.missing.values():
+            for start, end in ranges:
+                steps.update(range(start, end))
+        return sorted(steps)
 
     def first_missing_step(self, process: int) -> int | None:
         ranges = self.missing.get(process) or []
@@ -125,7 +128,8 @@ def _scan(store_uri: str, manifest: dict, files: list[dict] | None) -> ScanResul
     foreign, leftovers = [], []
     for f in sorted(files, key=operator.itemgetter("name")):
         name = f["name"]
-        if name in (manifest_mod.MANIFEST_NAME, manifest_mod.TOKENIZER_NAME, LEASE_NAME):
+        if name in (manifest_mod.MANIFEST_NAME, manifest_mod.TOKENIZER_NAME, manifest_mod.TOKENIZER_CONFIG_NAME,
+                    LEASE_NAME):
             continue
         info = parse_chunk_name(name, f["size"])
         if info is None:

@@ -1,6 +1,7 @@
-"""The dump's lease on a store: one writer at a time.
+"""A writer's lease on its output: one dump per store, one training per training output.
 
-A dump holds ``<store>/lease.json`` while it runs. The lease object is created
+A dump holds ``<store>/lease.json`` while it runs (a training ``<output>/lease.json``,
+with the same rules; "dump" below stands for either). The lease object is created
 only if absent (locally a hard link of a complete temporary file, which fails
 if the name exists; on GCS an upload with the precondition
 ``ifGenerationMatch=0``), and refreshed by its holder every
@@ -212,10 +213,12 @@ def _parse(data: bytes, where: str) -> dict:
 
 
 class Lease:
-    """The lease of one dump on ``store_uri``; ``acquire()``, then ``release()`` (or use ``with``)."""
+    """The lease of one writer (a dump, or a training: ``holder``) on ``store_uri`` (the store, or the
+    training output); ``acquire()``, then ``release()`` (or use ``with``)."""
 
     def __init__(self, store_uri: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, force_takeover: bool = False,
-                 wait_for_stale: bool = False):
+                 wait_for_stale: bool = False, holder: str = "dump"):
+        self.holder = holder
         if not timeout_s > 0:
             raise StoreBusyError(f"--lease-timeout must be > 0 seconds, got {timeout_s}")
         self.uri = paths.join(store_uri, LEASE_NAME)
@@ -247,13 +250,13 @@ class Lease:
         timeout = float(record.get("timeout_s") or DEFAULT_TIMEOUT_S)
         if age <= timeout:
             raise StoreBusyError(
-                f"{self.store_uri} is being written by another dump: {describe(record)}, its lease refreshed "
+                f"{self.store_uri} is being written by another {self.holder}: {describe(record)}, its lease refreshed "
                 f"{max(age, 0):.0f} s ago; wait for it to finish or stop it (a lease not refreshed for "
                 f"{timeout:.0f} s is stale, and --force-takeover takes it over)")
         if not self.force_takeover:
             raise StoreBusyError(
                 f"{self.store_uri} has a stale lease of {describe(record)}, not refreshed for {age:.0f} s "
-                f"(timeout {timeout:.0f} s); if that dump is gone, re-run with --force-takeover")
+                f"(timeout {timeout:.0f} s); if that {self.holder} is gone, re-run with --force-takeover")
 
     def _wait_before_judging(self, record: dict, refreshed_at: float) -> float:
         """Seconds until ``record`` would be stale, when this taker waits for that (else 0). At most its
@@ -286,10 +289,10 @@ class Lease:
                 break
         else:
             raise StoreBusyError(f"{self.store_uri}: the lease changed hands repeatedly while taking it; "
-                                 "another dump is starting there; try again")
+                                 f"another {self.holder} is starting there; try again")
         record, self._version, _ = self._backend.read()
         if record is None or record.get("token") != self.record["token"]:
-            raise StoreBusyError(f"{self.store_uri} was taken by another dump while starting"
+            raise StoreBusyError(f"{self.store_uri} was taken by another {self.holder} while starting"
                                  + (f": {describe(record)}" if record else "") + "; try again")
         self._thread = threading.Thread(target=self._refresh_loop, name="ld-lease", daemon=True)
         self._thread.start()
@@ -311,12 +314,13 @@ class Lease:
         else:
             record, _, _ = self._backend.read()
             self.lost = (f"the lease of {self.store_uri} was taken over by "
-                         f"{describe(record) if record else 'another dump, which has released it'}")
+                         f"{describe(record) if record else f'another {self.holder}, which has released it'}")
 
     def check(self) -> None:
         """Raise if the lease was lost (taken over after going stale): stop before writing more."""
         if self.lost:
-            raise StoreBusyError(f"{self.lost}; this dump stopped; committed chunks are kept")
+            kept = "committed chunks are kept" if self.holder == "dump" else "the last checkpoint is kept"
+            raise StoreBusyError(f"{self.lost}; this {self.holder} stopped; {kept}")
 
     def release(self) -> None:
         self._stop.set()

@@ -21,6 +21,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 # A copy of the tokenizer.json the data was tokenized with; its SHA-256 is content.data.tokenizer_sha256.
 TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"  # beside it: the EOS token (and the chat template)
 FINGERPRINTED = ("shapes", "codec", "layout", "content")
 DEFAULT_ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"
 

@@ -1,9 +1,7 @@
 """Reading a store: ``open_store(uri)`` and random access by global example index.
 
-Global example ``g`` lies in step ``g // B`` (``B`` examples per step); inside
-the step, process ``p = (g % B) // b`` owns it (``b = B / num_processes``) at
-offset ``o = g % b``. Its chunk is the one of process ``p`` whose step range
-holds the step, and its record index there is ``(step - start) * b + o``.
+Where example ``g`` lies (its step, process, chunk and record) is ``StoreLayout``'s arithmetic
+(``store/layout.py``).
 
 A chunk is checked against the SHA-256 in its name the first time this
 process opens it; chunks on GCS are downloaded once into a local cache (the
@@ -22,9 +20,10 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from .. import codec as codec_mod
 from .. import paths
-from ..errors import StoreError
+from ..errors import NotAStoreError, StoreError
 from . import chunks as chunks_mod
 from . import manifest as manifest_mod
+from .layout import StoreLayout
 
 
 def open_store(uri: str, *, verify_checksums: bool = True, cache_dir: str | None = None,
@@ -36,8 +35,8 @@ def open_store(uri: str, *, verify_checksums: bool = True, cache_dir: str | None
     except Exception as e:  # noqa: BLE001 - e.g. an unreachable bucket
         raise StoreError(f"{uri}: cannot be read ({type(e).__name__}: {e})") from e
     if not exists:
-        where = "does not exist" if not paths.exists(uri) else f"has no {manifest_mod.MANIFEST_NAME}"
-        raise StoreError(f"{uri} is not a logit store: it {where}")
+        where = "does not exist" if not paths.exists(uri) else f"holds no {manifest_mod.MANIFEST_NAME}"
+        raise NotAStoreError(f"{uri} is not a logit store: it {where}; give the folder a dump wrote")
     manifest = manifest_mod.parse_manifest(paths.read_bytes(manifest_uri), manifest_uri)
     return Store(uri, manifest, verify_checksums=verify_checksums, cache_dir=cache_dir,
                  max_open_chunks=max_open_chunks)
@@ -52,10 +51,7 @@ class Store:
         self.manifest = manifest
         self.verify_checksums = verify_checksums
         self.max_open_chunks = max_open_chunks
-        layout = manifest["layout"]
-        self.examples_per_step = layout["examples_per_step"]
-        self.examples_per_process = layout["examples_per_step"] // layout["num_processes"]
-        self.steps_per_file = layout["steps_per_file"]
+        self.layout = StoreLayout.of(manifest)
         self.tag = manifest_mod.store_tag(manifest)
         self.local = paths.is_local(uri)
         self.cache_dir = cache_dir or paths.default_cache_dir("stores", manifest["fingerprint"][:16])
@@ -90,7 +86,7 @@ class Store:
     @property
     def num_examples(self) -> int:
         """Committed examples."""
-        return sum((c.end - c.start) * self.examples_per_process for c in self.scan.chunks.values())
+        return sum(self.layout.records_in(c.start, c.end) for c in self.scan.chunks.values())
 
     @property
     def complete(self) -> bool:
@@ -109,16 +105,15 @@ class Store:
         """(chunk, record index) of global example ``index``."""
         if not 0 <= index < self.expected_examples:
             raise IndexError(f"example {index} out of range [0, {self.expected_examples})")
-        step, r = divmod(index, self.examples_per_step)
-        process, offset = divmod(r, self.examples_per_process)
-        start, end = chunks_mod.range_of_step(self.manifest, step)
+        step, process, offset = self.layout.locate(index)
+        start, end = self.layout.range_of_step(step)
         chunk = self.scan.chunks.get((process, start, end))
         if chunk is None:
             raise StoreError(
                 f"{self.uri}: example {index} (step {step}, process {process}) lies in steps "
                 f"[{start}, {end}), whose chunk is not committed"
             )
-        return chunk, (step - start) * self.examples_per_process + offset
+        return chunk, self.layout.record_of(start, step, offset)
 
     def read_raw(self, index: int) -> bytes:
         chunk, record = self.locate(int(index))
@@ -165,30 +160,8 @@ class Store:
     # -- the tokenizer
 
     def tokenizer_file(self) -> str | None:
-        """A local path of the store's copy of its tokenizer.json, checked against the manifest's
-        ``content.data.tokenizer_sha256``; None for stores without one (written before the copy
-        was kept, or synthetic)."""
-        import hashlib
-
-        want = manifest_mod.tokenizer_sha256(self.manifest)
-        uri = paths.join(self.uri, manifest_mod.TOKENIZER_NAME)
-        if want is None or not paths.exists(uri):
-            return None
-        data = paths.read_bytes(uri)
-        if hashlib.sha256(data).hexdigest() != want:
-            raise StoreError(f"{uri}: SHA-256 {hashlib.sha256(data).hexdigest()[:16]}... differs from the "
-                             f"manifest's tokenizer_sha256 {want[:16]}...; the copy is damaged: delete it and "
-                             "re-run the dump to write it again")
-        if self.local:
-            return paths.local_path(uri)
-        path = os.path.join(self.cache_dir, f"tokenizer-{want[:16]}", manifest_mod.TOKENIZER_NAME)
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{uuid.uuid4().hex}.part"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        return path
+        """A local path of the store's copy of its tokenizer.json (``store_tokenizer``)."""
+        return store_tokenizer(self.uri, self.manifest, self.cache_dir)
 
     # -- chunks
 
@@ -240,7 +213,7 @@ class Store:
                 reader = ArrayRecordReader(path)
             except Exception as e:  # noqa: BLE001 - the C++ reader raises plain errors
                 raise StoreError(f"{self._chunk_uri(chunk)}: not a readable ArrayRecord file ({e})") from e
-            expected = (chunk.end - chunk.start) * self.examples_per_process
+            expected = self.layout.records_in(chunk.start, chunk.end)
             if reader.num_records() != expected:
                 reader.close()
                 raise StoreError(f"{self._chunk_uri(chunk)}: holds {reader.num_records()} records, "
@@ -267,6 +240,52 @@ class Store:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def store_tokenizer(uri: str, manifest: dict, cache_dir: str | None = None) -> str | None:
+    """A local path of the store's copy of its tokenizer.json, beside a tokenizer_config.json naming its EOS
+    token; None for stores without a copy (synthetic ones). The copy is checked against the manifest's
+    ``content.data.tokenizer_sha256``. A local store with both files is read in place; otherwise (a
+    store on GCS, or one written before the config was kept, whose EOS id the manifest records) both
+    files are written once into the store's local cache."""
+    import json
+
+    want = manifest_mod.tokenizer_sha256(manifest)
+    tokenizer_uri = paths.join(uri, manifest_mod.TOKENIZER_NAME)
+    if want is None or not paths.exists(tokenizer_uri):
+        return None
+    config_uri = paths.join(uri, manifest_mod.TOKENIZER_CONFIG_NAME)
+    has_config = paths.exists(config_uri)
+    if paths.is_local(uri) and has_config:
+        _check_tokenizer_copy(tokenizer_uri, paths.read_bytes(tokenizer_uri), want)
+        return os.path.abspath(paths.local_path(tokenizer_uri))
+    cache_dir = cache_dir or paths.default_cache_dir("stores", manifest["fingerprint"][:16])
+    folder = os.path.join(cache_dir, f"tokenizer-{want[:16]}")
+    path = os.path.join(folder, manifest_mod.TOKENIZER_NAME)
+    if not os.path.exists(path):
+        data = paths.read_bytes(tokenizer_uri)
+        _check_tokenizer_copy(tokenizer_uri, data, want)
+        if has_config:
+            config = paths.read_bytes(config_uri)
+        else:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            eos_id = manifest.get("content", {}).get("data", {}).get("eos_id")
+            eos = HFTokenizer.from_str(data.decode("utf-8")).id_to_token(int(eos_id)) if eos_id is not None else None
+            config = json.dumps({"eos_token": eos}).encode()
+        os.makedirs(folder, exist_ok=True)
+        paths.write_bytes_atomic(os.path.join(folder, manifest_mod.TOKENIZER_CONFIG_NAME), config)
+        paths.write_bytes_atomic(path, data)  # last: its presence says the folder is whole
+    return path
+
+
+def _check_tokenizer_copy(uri: str, data: bytes, want: str) -> None:
+    import hashlib
+
+    have = hashlib.sha256(data).hexdigest()
+    if have != want:
+        raise StoreError(f"{uri}: SHA-256 {have[:16]}... differs from the manifest's tokenizer_sha256 {want[:16]}...; "
+                         "the copy is damaged: delete it and re-run the dump to write it again")
 
 
 def stack_records(records: list[dict]) -> dict:

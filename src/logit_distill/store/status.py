@@ -14,7 +14,8 @@ import hashlib
 
 from .. import paths
 from . import manifest as manifest_mod
-from .chunks import expected_ranges, scan
+from .chunks import scan
+from .layout import StoreLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ def store_status(store_uri: str, manifest: dict) -> StoreStatus:
     manifest_uri = paths.join(store_uri, manifest_mod.MANIFEST_NAME)
     digest = hashlib.sha256(manifest["fingerprint"].encode())
     if not paths.exists(manifest_uri):
-        expected = len(expected_ranges(manifest)) * manifest["layout"]["num_processes"]
+        expected = StoreLayout.of(manifest).num_chunks
         return StoreStatus(False, False, digest.hexdigest()[:16], 0, expected)
     existing = manifest_mod.parse_manifest(paths.read_bytes(manifest_uri), manifest_uri)
     manifest_mod.require_same_config(existing, manifest, store_uri)
@@ -52,4 +53,4 @@ def may_be_complete(store_uri: str, manifest: dict) -> bool:
         return False
     prefix = f"chunk-{manifest['fingerprint'][:8]}-"
     present = sum(f["name"].startswith(prefix) for f in paths.list_files(store_uri, with_sizes=False))
-    return present >= len(expected_ranges(manifest)) * manifest["layout"]["num_processes"]
+    return present >= StoreLayout.of(manifest).num_chunks

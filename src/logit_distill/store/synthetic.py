@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .layout import StoreLayout
+
 
 def synthetic_step(manifest: dict, step: int, process: int = 0, seed: int = 0) -> dict:
     """The records of one (step, process), deterministic in (seed, step, process)."""
-    shapes, layout = manifest["shapes"], manifest["layout"]
+    shapes, layout = manifest["shapes"], StoreLayout.of(manifest)
     L, k, V = shapes["seq_len"], shapes["top_k"], shapes["vocab_size"]
-    b = layout["examples_per_step"] // layout["num_processes"]
+    b = layout.examples_per_process
     rng = np.random.default_rng([seed, step, process])
-    first = step * layout["examples_per_step"] + process * b
     tokens = rng.integers(0, V, size=(b, L), dtype=np.int32)
     cut, pad = max(1, L // 2), L // 8
     segment_ids = np.ones((b, L), np.int32)
@@ -35,7 +36,7 @@ def synthetic_step(manifest: dict, step: int, process: int = 0, seed: int = 0) -
     with np.errstate(divide="ignore"):
         tail = np.log(tail_mass)
     return {
-        "example_index": np.arange(first, first + b, dtype=np.int64),
+        "example_index": layout.step_examples(step, process),
         "tokens": tokens,
         "segment_ids": segment_ids,
         "positions": positions,

@@ -11,15 +11,14 @@ buffering without bound.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import queue
 import tempfile
 import threading
-import time
 import uuid
 from typing import Callable
 
-import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from .. import codec as codec_mod
@@ -27,7 +26,10 @@ from .. import paths
 from ..errors import NotAStoreError, StoreError
 from . import chunks as chunks_mod
 from . import manifest as manifest_mod
+from .layout import StoreLayout
 from .lease import LEASE_NAME
+
+log = logging.getLogger("logit_distill.store")
 
 
 def init_store(store_uri: str, manifest: dict) -> dict:
@@ -57,6 +59,39 @@ def init_store(store_uri: str, manifest: dict) -> dict:
     return manifest
 
 
+def remove_leftovers(store_uri: str, scan) -> None:
+    """Start-up cleanup by the writer that holds the store's lease: temporary files are of writers that
+    are dead; other files and chunks of other stores are left in place (with a warning); several
+    chunks for one step range stop the writer."""
+    for name in scan.leftovers:
+        if name.startswith(paths.TMP_PREFIX):
+            paths.remove(paths.join(store_uri, name))
+            log.info("removed leftover %s", name)
+        else:
+            log.warning("%s: %s is no part of the store; left in place", store_uri, name)
+    for chunk in scan.foreign:
+        log.warning("%s: chunk %s belongs to another store or range; left in place", store_uri, chunk.name)
+    if scan.duplicates:
+        names = ", ".join(c.name for c in scan.duplicates[0])
+        raise StoreError(f"{store_uri}: several committed chunks for one step range ({names}); "
+                         "run `logit-distill verify` and delete the wrong one")
+
+
+def forget_unused_manifest(store_uri: str) -> None:
+    """A run that created the manifest and failed before its first chunk removes the manifest (and the
+    tokenizer copy) again, so that a corrected command is not refused as "another configuration".
+    (It holds the lease.)"""
+    try:
+        names = [f["name"] for f in paths.list_files(store_uri, with_sizes=False)]
+        if manifest_mod.MANIFEST_NAME in names and not any(n.startswith("chunk-") for n in names):
+            for name in (manifest_mod.TOKENIZER_NAME, manifest_mod.TOKENIZER_CONFIG_NAME):
+                if name in names:  # first: a manifest alone is still a store
+                    paths.remove(paths.join(store_uri, name))
+            paths.remove(paths.join(store_uri, manifest_mod.MANIFEST_NAME))
+    except Exception as e:  # noqa: BLE001 - the original failure is the one to report
+        log.warning("%s: could not remove the unused manifest: %s", store_uri, e)
+
+
 _OS_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG, errno.EIO)
 
 
@@ -69,26 +104,40 @@ def as_os_error(e: RuntimeError, path: str) -> BaseException:
     return e
 
 
-def put_tokenizer(store_uri: str, manifest: dict, tokenizer_file: str) -> bool:
-    """Keep a copy of the tokenizer.json the data was tokenized with in the store (once, atomically).
+def put_tokenizer(store_uri: str, manifest: dict, tokenizer) -> bool:
+    """Keep a copy of the tokenizer the data was tokenized with in the store (once, atomically):
+    its tokenizer.json, and a tokenizer_config.json naming its EOS token (the rest of the original's
+    fields kept, e.g. a chat template), so that the store alone can tokenize data again.
 
-    Its SHA-256 must be the manifest's ``content.data.tokenizer_sha256``; a copy already there
-    is left as it is. Returns True when the copy was written now.
+    ``tokenizer`` is a ``data.tokenizer.Tokenizer``; its tokenizer.json's SHA-256 must be the manifest's
+    ``content.data.tokenizer_sha256``. Files already there are left as they are. Returns True when
+    the copy was written now.
     """
     import hashlib
+    import json
+    import posixpath
 
     want = manifest_mod.tokenizer_sha256(manifest)
     if want is None:
         return False
     uri = paths.join(store_uri, manifest_mod.TOKENIZER_NAME)
-    if paths.exists(uri):
-        return False
-    data = paths.read_bytes(tokenizer_file)
-    if hashlib.sha256(data).hexdigest() != want:
-        raise StoreError(f"{tokenizer_file} is not the tokenizer of {store_uri}'s manifest "
-                         f"(SHA-256 {hashlib.sha256(data).hexdigest()[:16]}..., manifest {want[:16]}...)")
-    paths.write_bytes_atomic(uri, data)
-    return True
+    config_uri = paths.join(store_uri, manifest_mod.TOKENIZER_CONFIG_NAME)
+    wrote = False
+    if not paths.exists(config_uri):  # first: a tokenizer.json alone is a copy of an earlier version
+        original = posixpath.join(posixpath.dirname(tokenizer.path), manifest_mod.TOKENIZER_CONFIG_NAME)
+        config = json.loads(paths.read_bytes(original)) if paths.exists(original) else {}
+        config = config if isinstance(config, dict) else {}
+        config["eos_token"] = tokenizer.eos_token
+        paths.write_bytes_atomic(config_uri, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+        wrote = True
+    if not paths.exists(uri):
+        data = paths.read_bytes(tokenizer.path)
+        if hashlib.sha256(data).hexdigest() != want:
+            raise StoreError(f"{tokenizer.path} is not the tokenizer of {store_uri}'s manifest "
+                             f"(SHA-256 {hashlib.sha256(data).hexdigest()[:16]}..., manifest {want[:16]}...)")
+        paths.write_bytes_atomic(uri, data)
+        wrote = True
+    return wrote
 
 
 class ChunkWriter:
@@ -99,8 +148,7 @@ class ChunkWriter:
         self.store_uri = store_uri
         self.manifest = manifest
         self.process, self.start, self.end = process, start, end
-        layout = manifest["layout"]
-        self.expected_records = (end - start) * (layout["examples_per_step"] // layout["num_processes"])
+        self.expected_records = StoreLayout.of(manifest).records_in(start, end)
         self.local_store = paths.is_local(store_uri)
         if self.local_store:
             directory = paths.local_path(store_uri)
@@ -140,17 +188,7 @@ class ChunkWriter:
         final_uri = paths.join(self.store_uri, name)
         size = os.path.getsize(self.tmp_path)
         try:
-            if self.local_store:
-                with open(self.tmp_path, "rb+") as f:
-                    os.fsync(f.fileno())
-                os.replace(self.tmp_path, paths.local_path(final_uri))
-                fd = os.open(os.path.dirname(self.tmp_path), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            else:
-                paths.commit_file(self.tmp_path, final_uri)
+            paths.commit_file(self.tmp_path, final_uri, move=True)
         finally:
             if os.path.exists(self.tmp_path):
                 os.remove(self.tmp_path)
@@ -169,11 +207,11 @@ def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[byte
     """Encode the examples of one step (arrays with a leading example axis) into records."""
     codec = manifest["codec"]["name"]
     vocab_size = manifest["shapes"]["vocab_size"]
-    sampled = manifest_mod.selection_of(manifest) == "sampled"
-    fields = (("sample_ids", "sample_counts", "sample_logprobs") if sampled
-              else ("topk_ids", "topk_logprobs", "tail_logprob")
-              + (("tail_logprob_tempered",) if manifest_mod.tail_temperatures_of(manifest) else ()))
-    extra = {"num_samples": manifest["shapes"]["num_samples"]} if sampled else {}
+    selection = manifest_mod.selection_of(manifest)
+    fields = codec_mod.SELECTION_FIELDS[selection]
+    if selection == "topk" and not manifest_mod.tail_temperatures_of(manifest):
+        fields = tuple(f for f in fields if f != "tail_logprob_tempered")
+    extra = {"num_samples": manifest["shapes"]["num_samples"]} if selection == "sampled" else {}
     out = []
     for i in range(len(step_records["example_index"])):
         out.append(codec_mod.encode_record(
@@ -216,10 +254,8 @@ class BackgroundWriter:
         self._steps: queue.Queue = queue.Queue(maxsize=max_pending_steps)
         self._chunks: queue.Queue = queue.Queue(maxsize=max_pending_chunks)
         self._error: BaseException | None = None
-        self._aborting = threading.Event()
         self._work_dir = None if paths.is_local(store_uri) else tempfile.mkdtemp(prefix="logit-distill-chunks-")
         self.committed: list[chunks_mod.ChunkInfo] = []
-        self.busy_seconds = {"encode": 0.0, "commit": 0.0}
         self._encoder = threading.Thread(target=self._encode_loop, name="ld-encode", daemon=True)
         self._committer = threading.Thread(target=self._commit_loop, name="ld-commit", daemon=True)
         self._encoder.start()
@@ -246,14 +282,17 @@ class BackgroundWriter:
         return self.committed
 
     def abort(self) -> None:
-        """Stop now: commit chunks already complete, drop the chunk in flight and queued steps."""
-        self._aborting.set()
-        while True:
+        """Stop: every chunk whose steps were all submitted is still written and committed (at most
+        ``max_pending_steps`` steps wait to be encoded); the chunk in flight, whose last steps never
+        came, is dropped."""
+        while True:  # an encoder that stopped on an error takes nothing more: make room for the stop
             try:
-                self._steps.get_nowait()
-            except queue.Empty:
+                self._steps.put(_STOP, timeout=0.5)
                 break
-        self._steps.put(_STOP)
+            except queue.Full:
+                if not self._encoder.is_alive():
+                    while not self._steps.empty():
+                        self._steps.get_nowait()
         self._encoder.join()
         self._committer.join()
         self._cleanup()
@@ -276,10 +315,9 @@ class BackgroundWriter:
         try:
             while True:
                 item = self._steps.get()
-                if item is _STOP or self._aborting.is_set():
+                if item is _STOP:
                     break
                 step, records = item
-                t0 = time.perf_counter()
                 if current is None:
                     start, end = chunks_mod.range_of_step(self.manifest, step)
                     if step != start:
@@ -291,7 +329,6 @@ class BackgroundWriter:
                 for record in encode_step(self.manifest, records, self._tag):
                     current.write(record)
                 next_step += 1
-                self.busy_seconds["encode"] += time.perf_counter() - t0
                 if next_step == current.end:
                     self._put_chunk(current)
                     current = None
@@ -321,9 +358,7 @@ class BackgroundWriter:
                 item.abort()
                 continue
             try:
-                t0 = time.perf_counter()
                 info = item.commit()
-                self.busy_seconds["commit"] += time.perf_counter() - t0
                 self.committed.append(info)
                 if self.on_commit is not None:
                     self.on_commit(info)
@@ -338,10 +373,3 @@ def write_examples(store_uri: str, manifest: dict, process: int, examples_by_ste
     for step in sorted(examples_by_step):
         writer.submit(step, examples_by_step[step])
     writer.close()
-
-
-def as_step_records(batch: dict, example_indices: np.ndarray) -> dict:
-    """Attach ``example_index`` to a batch dict of numpy arrays."""
-    out = {key: np.asarray(value) for key, value in batch.items()}
-    out["example_index"] = np.asarray(example_indices, dtype=np.int64)
-    return out

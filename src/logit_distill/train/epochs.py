@@ -11,7 +11,7 @@ the teacher draws again on every batch, so its draws can change per epoch
 (more of the teacher's distribution seen over a run) while epoch 0 keeps the
 dump's (an online run's first epoch sees what a store would hold): the draws of
 example ``e`` in epoch ``k`` are keyed as the dump keys example ``k * n + e``
-(``topk.sample_keys(seed, draw_index, L)``), an index no example of the data
+(``selection.sample_keys(seed, draw_index, L)``), an index no example of the data
 has when ``k >= 1`` (until ``k * n + e`` reaches 2**32, where the uint32
 fold-in wraps).
 """

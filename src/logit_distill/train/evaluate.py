@@ -23,9 +23,10 @@ FIELDS = ("tokens", "positions", "segment_ids")
 
 
 def open_eval_data(path: str, tokenizer_path: str | None, *, seq_len: int, packing: bool,
-                   vocab_size: int) -> ExampleSource:
+                   vocab_size: int, text_field: str = "text") -> ExampleSource:
     """``ExampleSource`` over the held-out data, checked against the student's vocabulary."""
-    examples = ExampleSource.open(path, tokenizer_path, seq_len=seq_len, packing=packing, seed=0)
+    examples = ExampleSource.open(path, tokenizer_path, seq_len=seq_len, packing=packing, seed=0,
+                                  text_field=text_field)
     examples.check_vocab(vocab_size)
     if len(examples) == 0:
         raise InputError(f"evaluation data {path} holds no examples")

@@ -24,20 +24,19 @@ import grain
 import numpy as np
 
 from .. import codec as codec_mod
-from ..errors import InputError, NonFiniteError, StoreError
+from ..errors import InputError
 
 # Fields a training batch carries (the store also has example_index, store_tag, token_hash).
 MODEL_FIELDS = ("tokens", "segment_ids", "positions")
-TEACHER_FIELDS = ("topk_ids", "topk_logprobs", "tail_logprob", "tail_logprob_tempered",
-                  "sample_ids", "sample_counts", "sample_logprobs")
-SAMPLE_FIELDS = ("sample_ids", "sample_counts", "sample_logprobs")
+TEACHER_FIELDS = tuple(f for fields in codec_mod.SELECTION_FIELDS.values() for f in fields)
+SAMPLE_FIELDS = codec_mod.SELECTION_FIELDS["sampled"]
 
 
 class OnlineSource:
     """Random access to examples ``0..n-1`` of an ``ExampleSource``, plus ``example_index``.
 
     The teacher fields are not computed here: the loop runs the teacher on
-    each whole batch on device (``topk.make_teacher_topk``), as the dump does.
+    each whole batch on device (``selection.make_teacher_topk``), as the dump does.
     """
 
     def __init__(self, examples, num_examples: int | None = None):
@@ -82,87 +81,6 @@ def _training_fields(record: dict, sample_width: int | None = None, tempered_ind
     return out
 
 
-class RecordCheck:
-    """Checks the values of each store record as the loader reads it (checksums only prove
-    the bytes are the ones written, not that what was written makes sense).
-
-    A top-k record passes when its ids lie in ``[0, vocab)``, its log-probs are finite
-    (the tails may be -inf), sorted descending, at most 0, and the top-k mass plus the tail
-    mass is 1 within the codec's bound (a tail at -inf or the codec floor is "not recorded":
-    then the top-k mass must only not exceed 1). A sampled record passes when its used
-    slots hold ids in range, finite log-probs at most 0, and counts summing to the store's
-    N. Vectorized numpy, a few passes over ``[L, k]``. NaN/inf raise ``NonFiniteError``,
-    anything else ``StoreError``.
-    """
-
-    def __init__(self, manifest: dict, uri: str):
-        from ..verify.records import NORM_ATOL, POSITIVE_ATOL
-
-        self.uri = uri
-        self.vocab = int(manifest["shapes"]["vocab_size"])
-        self.num_samples = int(manifest["shapes"].get("num_samples") or 0)
-        default = manifest["codec"]["name"] == "default"
-        self.counts_sum_to_n = default  # the default codec's unary counts always sum to N
-        self.sampled_atol = POSITIVE_ATOL + codec_mod.SAMPLED_LOGPROB_MAX_ERROR
-        self.atol = NORM_ATOL + (codec_mod.LOGPROB_MAX_ERROR if default else 0.0)
-        self.positive_atol = POSITIVE_ATOL + (codec_mod.LOGPROB_MAX_ERROR if default else 0.0)
-        self.floor = codec_mod.LOGPROB_FLOOR
-
-    def problem(self, rec: dict) -> tuple[type, str, int] | None:
-        """(error class, what, first bad position) of the record, or None when it is sound."""
-        if "sample_ids" in rec:
-            return self._sampled_problem(rec)
-        lp, tail, ids = rec["topk_logprobs"], rec["tail_logprob"], rec["topk_ids"]
-        bad = ~np.isfinite(lp).all(-1) | np.isnan(tail) | (tail == np.inf)
-        if "tail_logprob_tempered" in rec:
-            tempered = rec["tail_logprob_tempered"]
-            bad |= (np.isnan(tempered) | (tempered == np.inf)).any(-1)
-        if bad.any():
-            return NonFiniteError, "a NaN or infinite log-prob", int(np.argmax(bad))
-        checks = (
-            ((ids < 0) | (ids >= self.vocab)).any(-1), f"a top-k id outside [0, {self.vocab})",
-            (lp[..., 1:] > lp[..., :-1]).any(-1), "top-k log-probs not sorted descending",
-            (lp[..., 0] > self.positive_atol) | (tail > self.positive_atol), "a log-prob > 0",
-        )
-        for i in range(0, len(checks), 2):
-            if checks[i].any():
-                return StoreError, checks[i + 1], int(np.argmax(checks[i]))
-        with np.errstate(divide="ignore"):
-            top = np.log(np.exp(lp.astype(np.float64)).sum(-1))
-            total = np.logaddexp(top, tail.astype(np.float64))
-        recorded = tail > self.floor
-        bad = (top > self.atol) | (recorded & (np.abs(total) > self.atol))
-        if bad.any():
-            return StoreError, f"top-k and tail mass that do not sum to 1 (beyond {self.atol:.1e})", int(np.argmax(bad))
-        return None
-
-    def _sampled_problem(self, rec: dict) -> tuple[type, str, int] | None:
-        ids, counts, lp = rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"]
-        used = counts > 0
-        bad = (used & ~np.isfinite(lp)).any(-1)
-        if bad.any():
-            return NonFiniteError, "a NaN or infinite log-prob", int(np.argmax(bad))
-        checks = (
-            (used & ((ids < 0) | (ids >= self.vocab))).any(-1), f"a sampled id outside [0, {self.vocab})",
-            (counts < 0).any(-1) | ((counts.sum(-1) != self.num_samples) & self.counts_sum_to_n),
-            f"negative counts or counts that do not sum to {self.num_samples}",
-            (used & (lp > self.sampled_atol)).any(-1), "a log-prob > 0",
-        )
-        for i in range(0, len(checks), 2):
-            if checks[i].any():
-                return StoreError, checks[i + 1], int(np.argmax(checks[i]))
-        return None
-
-    def __call__(self, rec: dict) -> dict:
-        found = self.problem(rec)
-        if found is not None:
-            cls, what, position = found
-            raise cls(f"store {self.uri}: example {int(rec['example_index'])} holds {what} at position "
-                      f"{position} (its chunk's checksum is intact: the values were written so); "
-                      "nothing was trained on it; run `logit-distill verify` on the store and dump it again")
-        return rec
-
-
 def epochs_needed(num_examples: int, examples_consumed: int) -> int:
     return max(1, math.ceil(examples_consumed / num_examples))
 
@@ -173,7 +91,7 @@ def build_dataset(source, *, seed: int, batch_size: int, num_batches: int,
     """Batches of this process: a ``MapDataset`` of ``num_batches`` dicts of ``[b, ...]`` arrays.
 
     ``batch_size`` is the global batch (all processes); each process gets
-    ``batch_size // process_count`` examples per batch. ``check`` (e.g. ``RecordCheck``)
+    ``batch_size // process_count`` examples per batch. ``check`` (e.g. ``store.checks.RecordCheck``)
     sees each record before it is batched.
     """
     n = len(source)
@@ -203,26 +121,11 @@ def make_iterator(dataset: grain.MapDataset, *, num_threads: int = 4, prefetch: 
 # ----------------------------------------------------------------------------- store checks
 
 
-def verify_store_for_training(store, *, loss: str, temperature: float = 1.0) -> None:
-    """Before step 0: the store is complete, every chunk passes its checksum, its selection
-    suits the loss, and a ``topk_tail_kl`` loss has a tail to learn from (at T != 1: the tail
-    mass tempered at T). Raises ``StoreError``/``InputError``."""
-    from ..store import manifest as manifest_mod
-
+def verify_store_for_training(store, *, loss: str) -> None:
+    """Before step 0: the store is complete, every chunk passes its checksum, and a ``topk_tail_kl``
+    loss has a tail to learn from. Raises ``StoreError``/``InputError``. (The loss against the store's
+    selection and tempered tails is the plan's check, ``train.plan``.)"""
     store.require_complete()
-    selection = manifest_mod.selection_of(store.manifest)
-    if (selection == "sampled") != (loss == "sampled_kl"):
-        fits = "sampled_kl" if selection == "sampled" else "topk_tail_kl or topk_kl"
-        raise InputError(f"--loss {loss} does not fit store {store.uri}: it holds a {selection} selection; "
-                         f"use --loss {fits}")
-    if loss == "topk_tail_kl" and float(temperature) != 1.0:
-        have = manifest_mod.tail_temperatures_of(store.manifest)
-        if float(temperature) not in have:
-            raise InputError(
-                f"--loss topk_tail_kl at --temperature {temperature:g} needs the teacher's tail mass tempered "
-                f"at {temperature:g}, but store {store.uri} holds it at "
-                f"{', '.join(f'{T:g}' for T in have) if have else 'no temperature'}; use one of those (or 1), "
-                f"or dump with --tail-temperatures {temperature:g}")
     # open_store reads lazily; a chunk's checksum is checked when it is first opened.
     # Check them all now, so a corrupt chunk fails the run before any step, not hours in.
     for chunk in sorted(store.scan.chunks.values(), key=lambda c: c.key):

@@ -1,8 +1,9 @@
 """Verify a logit store: prove it complete, intact and aligned. docs/VERIFY.md describes the checks.
 
-``verify_store(uri, ...)`` runs the checks below, each reported by name with
-the chunk / record it concerns, and returns a ``VerifyReport`` (JSON and
-Markdown); ``register_cli`` adds ``logit-distill verify``.
+``verify_store(VerifyConfig(store=uri, ...))`` runs the checks below, each
+reported by name with the chunk / record it concerns, and returns a
+``VerifyReport`` (JSON and Markdown). ``logit-distill verify`` is its command
+line (``logit_distill.cli.verify``).
 
   manifest            present, known format version, self-consistent
   coverage            committed chunks cover steps 0..N-1 of every process:
@@ -26,6 +27,7 @@ and teacher checks are kept during that same pass.
 
 Modules:
 
+  config     ``VerifyConfig`` and its ``check()``
   report     ``VerifyReport`` (JSON / Markdown), ``_Check`` (one check's problems)
   context    ``_Ctx`` (the store's geometry) and ``_ChunkResult``
   integrity  per-chunk read: streaming SHA-256, ArrayRecord open, record count
@@ -33,27 +35,14 @@ Modules:
   coverage   the manifest and coverage checks
   alignment  sampling, data alignment and teacher spot check
   run        ``verify_store``: the parallel streaming read, orchestration
-  cli        ``register_cli``, ``cli_main``, ``main`` (``python -m logit_distill.verify``)
 """
 
 from __future__ import annotations
 
-from .cli import cli_main, main, register_cli
+from .config import DEFAULT_SAMPLE, VerifyConfig
 from .integrity import BATCH_BYTES
-from .records import NORM_ATOL, POSITIVE_ATOL
 from .report import CHECK_NAMES, MAX_LISTED, VerifyReport
-from .run import DEFAULT_SAMPLE, verify_store
+from .run import verify_store
 
-__all__ = [
-    "BATCH_BYTES",
-    "CHECK_NAMES",
-    "DEFAULT_SAMPLE",
-    "MAX_LISTED",
-    "NORM_ATOL",
-    "POSITIVE_ATOL",
-    "VerifyReport",
-    "cli_main",
-    "main",
-    "register_cli",
-    "verify_store",
-]
+__all__ = ["BATCH_BYTES", "CHECK_NAMES", "DEFAULT_SAMPLE", "MAX_LISTED", "VerifyConfig", "VerifyReport",
+           "verify_store"]

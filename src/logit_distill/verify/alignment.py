@@ -58,7 +58,7 @@ def _check_data(ctx: _Ctx, source, want: dict, samples: list, kept: dict, chk: _
     for key in differ:
         chk.add("identity", f"data identity differs from the store's manifest: {key}: store has "
                             f"{want.get(key, '<absent>')!r}, --data gives {have.get(key, '<absent>')!r}", field=key)
-    needed = ctx.manifest["layout"]["num_steps"] * ctx.B
+    needed = ctx.layout.num_examples
     if len(source) < needed:
         chk.add("length", f"--data gives {len(source)} examples, the store holds {needed}")
     checked = mismatched = 0
@@ -94,7 +94,7 @@ def _spot_fn(apply, k: int):
     import jax
     import jax.numpy as jnp
 
-    from ..topk import select_topk
+    from ..selection import select_topk
 
     @jax.jit
     def fn(params, tokens, positions, segment_ids, stored_ids):

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import paths
 from ..store import chunks as chunks_mod
+from ..store.layout import StoreLayout
 from .report import _Check
 
 
@@ -21,19 +22,17 @@ class _Ctx:
     vocab: int
     codec: str
     id_bits: int
-    B: int  # examples per step
-    b: int  # examples per step and process
+    layout: StoreLayout
     tag: int
     on_records: Any  # progress callback(n)
     wanted: dict  # chunk name -> {record: global index} kept for the data / teacher checks
 
     def global_index(self, chunk: chunks_mod.ChunkInfo, record) -> Any:
         """Global example index of record(s) ``record`` of ``chunk`` (works on arrays)."""
-        step = chunk.start + record // self.b
-        return step * self.B + chunk.process * self.b + record % self.b
+        return self.layout.example_of_record(chunk.process, chunk.start, record)
 
     def expected_records(self, chunk: chunks_mod.ChunkInfo) -> int:
-        return (chunk.end - chunk.start) * self.b
+        return self.layout.records_in(chunk.start, chunk.end)
 
     def chunk_uri(self, chunk) -> str:
         return paths.join(self.uri, chunk.name)

@@ -75,7 +75,7 @@ def _check_chunk(ctx: _Ctx, chunk: chunks_mod.ChunkInfo) -> _ChunkResult:
             n = reader.num_records()
             if n != expected:
                 res.integrity.append(("record_count", f"{uri}: holds {n} records, expected {expected} "
-                                                      f"(steps [{chunk.start}, {chunk.end}) x {ctx.b}); "
+                                                      f"(steps [{chunk.start}, {chunk.end}) x {ctx.layout.examples_per_process}); "
                                                       "truncated or of another layout", where))
             per_record = ctx.seq_len * (ctx.top_k * 8 + 24)
             batch = int(max(1, min(1024, BATCH_BYTES // per_record)))

@@ -6,11 +6,8 @@ import numpy as np
 
 from .. import codec as codec_mod
 from ..errors import StoreError
+from ..store import checks
 from .context import _ChunkResult, _Ctx
-
-# Normalization tolerance: |logaddexp(logsumexp(top-k), tail)| (float32 log-softmax on device).
-NORM_ATOL = 5e-4
-POSITIVE_ATOL = 1e-6  # a log-prob may exceed 0 by float32 rounding only
 
 
 def _locators(chunk, uri: str, first: int, expected_index: np.ndarray):
@@ -45,6 +42,7 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
     index = np.zeros(n, np.int64)
     tags = np.zeros(n, np.int64)
     ok = np.ones(n, bool)
+    kept_tempered: dict = {}
     dtype_ok = True
     wanted = ctx.wanted.get(chunk.name, {})
     expected_index = ctx.global_index(chunk, np.arange(first, first + n, dtype=np.int64))
@@ -78,12 +76,7 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
                      and rec["topk_logprobs"].dtype == np.float32 and rec["tail_logprob"].dtype == np.float32)
         ids[i], lp[i], tail[i] = rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"]
         if m:
-            tempered = rec["tail_logprob_tempered"]
-            bad_t = np.isnan(tempered).any(-1) | (tempered > POSITIVE_ATOL).any(-1)
-            if bad_t.any():
-                pos = int(np.argmax(bad_t))
-                chk.add("tail_tempered", f"{label(i)}: tempered tail log-prob NaN or > 0 at position {pos}",
-                        **where(i, pos))
+            kept_tempered[i] = rec["tail_logprob_tempered"]
         tokens[i], seg[i] = rec["tokens"], rec["segment_ids"]
         index[i], tags[i] = int(rec["example_index"]), int(rec["store_tag"])
         g = wanted.get(first + i)
@@ -100,44 +93,21 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         chk.add("store_tag", f"{label(i)}: belongs to another store (tag {int(tags[i]):08x}, this store's is "
                              f"{ctx.tag:08x}): a chunk of another configuration was copied in", **where(i))
 
-    # Position-level checks: [n, L] masks, few passes over the [n, L, k] arrays.
-    # Ids as uint32: a negative id becomes >= 2**31, so one comparison checks [0, V). After a
-    # sort (needed for distinctness) the range check reads only the last column.
-    s = np.sort(ids.view(np.uint32), axis=-1)
-    per_position = {
-        "token_range": (tokens.view(np.uint32) >= V, f"token id outside [0, {V})"),
-        "id_range": (s[..., -1] >= V, f"top-k id outside [0, {V})"),
-        "id_distinct": ((s[..., 1:] == s[..., :-1]).any(-1), "repeated top-k id"),
-    }
-    del s
-    if ctx.codec == "exact":
-        # The default codec's fixed point decodes to finite values in [-64, 0] by construction.
-        per_position["logprob_finite"] = (~np.isfinite(lp).all(-1), "non-finite top-k log-prob")
-        per_position["logprob_positive"] = (lp[..., 0] > POSITIVE_ATOL, "largest top-k log-prob > 0")
-    per_position["logprob_sorted"] = ((lp[..., 1:] > lp[..., :-1]).any(-1), "top-k log-probs not sorted descending")
-    per_position["tail"] = (np.isnan(tail) | (tail > POSITIVE_ATOL), "tail log-prob NaN or > 0")
+    # Position-level checks (store/checks.py): [n, L] masks, few passes over the [n, L, k] arrays.
+    tempered_all = np.stack([kept_tempered.get(i, np.zeros((L, m), np.float32)) for i in range(n)]) if m else None
+    per_position = checks.topk_problems(ids, lp, tail, vocab=V, codec=ctx.codec, tokens=tokens, tempered=tempered_all)
+    any_bad = np.zeros((n, L), bool)
+    for mask, _ in per_position.values():
+        any_bad |= mask
+    any_bad &= ok[:, None]
+    if any_bad.any():
+        for kind, (mask, text) in per_position.items():
+            for i in np.flatnonzero(ok & mask.any(-1)):
+                pos = int(np.argmax(mask[i]))
+                chk.add(kind, f"{label(i)}: {text} at position {pos}", **where(i, pos))
     with np.errstate(all="ignore"):
         p = np.exp(lp)
         mass = p.sum(-1)
-        lse = np.log(mass)
-        norm_atol = NORM_ATOL + (codec_mod.LOGPROB_MAX_ERROR if ctx.codec == "default" else 0.0)
-        # NaN fails these comparisons, so a NaN anywhere in a position is caught here too.
-        per_position["topk_mass"] = (~(lse <= norm_atol), f"logsumexp(top-k) > 0 (beyond {norm_atol:.1e})")
-        total = np.logaddexp(lse, tail)
-        per_position["normalization"] = (
-            ~(np.abs(total) <= norm_atol),
-            f"top-k and tail mass do not sum to 1 (|logaddexp(logsumexp(top-k), tail)| > {norm_atol:.1e})",
-        )
-        any_bad = np.zeros((n, L), bool)
-        for mask, _ in per_position.values():
-            any_bad |= mask
-        any_bad &= ok[:, None]
-        if any_bad.any():
-            for kind, (mask, text) in per_position.items():
-                for i in np.flatnonzero(ok & mask.any(-1)):
-                    pos = int(np.argmax(mask[i]))
-                    chk.add(kind, f"{label(i)}: {text} at position {pos}", **where(i, pos))
-
         # Figures over real tokens (segment_ids != 0) of decodable records whose position passed.
         # Entropy estimate from the top-k: -sum p log p over the top-k, plus -P_tail log P_tail
         # (the tail as one outcome): a lower bound of the teacher's entropy.
@@ -189,17 +159,7 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
                     **where(i))
         ids, counts, lp = rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"]
         used = counts > 0
-        big = np.where(used, ids.view(np.uint32), 0)
-        s = np.sort(np.where(used, ids.astype(np.int64), -1 - np.arange(ids.shape[1])), axis=-1)
-        with np.errstate(invalid="ignore"):
-            per_position = {
-                "token_range": (rec["tokens"].view(np.uint32) >= V, f"token id outside [0, {V})"),
-                "count_sum": (counts.sum(-1) != N, f"sample counts do not sum to N = {N}"),
-                "id_range": ((big >= V).any(-1), f"sampled id outside [0, {V})"),
-                "id_distinct": ((s[..., 1:] == s[..., :-1]).any(-1), "repeated sampled id"),
-                "logprob_finite": ((used & ~np.isfinite(lp)).any(-1), "non-finite sampled log-prob"),
-                "logprob_positive": ((used & (lp > POSITIVE_ATOL)).any(-1), "sampled log-prob > 0"),
-            }
+        per_position = checks.sampled_problems(ids, counts, lp, vocab=V, num_samples=N, tokens=rec["tokens"])
         for kind, (mask, text) in per_position.items():
             if mask.any():
                 pos = int(np.argmax(mask))

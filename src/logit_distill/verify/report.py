@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .. import __version__
+from ..outputs import REPORT_MARK, report_comment
 
 CHECK_NAMES = ("manifest", "coverage", "integrity", "records", "data_alignment", "teacher_spot_check")
 MAX_LISTED = 50  # problems listed per check in the report (all are counted)
@@ -40,6 +41,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {
+            "report": f"{REPORT_MARK} verify",  # recognised as replaceable by a later run (outputs.is_report)
             "store": self.store,
             "passed": self.passed,
             "checks": self.checks,
@@ -78,6 +80,7 @@ class VerifyReport:
         """A summary for people (e.g. a KFP Markdown artifact in the Vertex UI)."""
         icon = {"passed": "✅ passed", "failed": "❌ FAILED", "skipped": "➖ skipped"}
         lines = [
+            report_comment("verify"),
             f"# Logit store verification: {'PASSED' if self.passed else 'FAILED'}",
             "",
             f"Store: `{self.store}`  ",

@@ -12,90 +12,66 @@ import time
 
 from .. import codec as codec_mod
 from .. import paths
-from ..errors import InputError, LogitDistillError
+from ..errors import LogitDistillError, NotAStoreError
+from ..outputs import check_output
 from ..store import chunks as chunks_mod
 from ..store import manifest as manifest_mod
+from ..store.layout import StoreLayout
+from ..models.specs import parse_model_spec
+from ..store.reader import store_tokenizer
 from .alignment import _check_data, _check_teacher, _prepare_source, _prepare_teacher, _sample
 from .context import _ChunkResult, _Ctx
 from .coverage import _check_coverage, _check_manifest
 from .integrity import _check_chunk
+from .config import VerifyConfig
 from .report import CHECK_NAMES, VerifyReport, _Check
 
-DEFAULT_SAMPLE = 256
+def verify_store(config: VerifyConfig) -> VerifyReport:
+    """Verify the store ``config.store`` and return the report; write it to ``report_json`` / ``report_md``.
 
-
-def _check_report_paths(store_uri, report_json, report_md, **inputs) -> None:
-    """Reports never land on an input, inside a store (the verified one included) or on a folder."""
-    from ..outputs import check_output
-
-    given = {"--store": store_uri, **{f"--{k}": v for k, v in inputs.items()}}
-    for flag, uri in (("--report-json", report_json), ("--report-md", report_md)):
-        if uri is not None:
-            check_output(uri, flag, kind="file", inputs=given)
-    if report_json is not None and report_md is not None and report_json.strip() == report_md.strip():
-        raise InputError(f"--report-json and --report-md are both {report_json}; give two different files")
-
-
-def verify_store(
-    store_uri: str,
-    *,
-    expected_steps: int | None = None,
-    data: str | None = None,
-    tokenizer: str | None = None,
-    teacher: str | None = None,
-    spot_check: int = 0,
-    sample: int = DEFAULT_SAMPLE,
-    seed: int = 0,
-    workers: int = 2,
-    spot_check_atol: float | None = None,
-    report_json: str | None = None,
-    report_md: str | None = None,
-    progress: bool = True,
-) -> VerifyReport:
-    """Verify the store at ``store_uri`` and return the report; write it to ``report_json`` / ``report_md``.
-
-    ``data`` (+ ``tokenizer``, default the teacher's tokenizer) checks ``sample`` sampled examples
-    against the data pipeline; ``teacher`` + ``spot_check`` recomputes the teacher on that many
-    sampled examples. Never raises for a bad store: problems are failed checks. Raises InputError
-    for bad arguments.
+    ``data`` (+ ``tokenizer``, default the store's own copy of its tokenizer) checks ``sample``
+    sampled examples against the data pipeline; ``teacher`` + ``spot_check`` recomputes the
+    teacher on that many sampled examples. Never raises for a bad store: problems are failed
+    checks. Raises InputError for bad arguments, and for a path that is no store at all.
     """
     t0 = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    if spot_check and not teacher:
-        raise InputError("--spot-check needs --teacher (the teacher checkpoint or preset:NAME)")
-    if spot_check < 0 or sample < 0 or workers < 1:
-        raise InputError(f"spot_check and sample must be >= 0 and workers >= 1 (got {spot_check}, {sample}, "
-                         f"{workers})")
-    if tokenizer and not data:
-        raise InputError("--tokenizer is only used with --data")
-    # gs://: one line within seconds, not a minute of retries
-    paths.check_inputs_reachable({"--store": store_uri, "--data": data, "--tokenizer": tokenizer, "--teacher": teacher})
-    _check_report_paths(store_uri, report_json, report_md, data=data, tokenizer=tokenizer, teacher=teacher)
+    config.check()
+    paths.check_inputs_reachable(config.inputs)  # gs://: one line within seconds, not a minute of retries
+    for flag, uri in (("--report-json", config.report_json), ("--report-md", config.report_md)):
+        if uri is not None:
+            check_output(uri, flag, kind="report", inputs=config.inputs)
+    require_store(config.store)
     checks = {name: _Check(name) for name in CHECK_NAMES}
     figures: dict = {}
 
-    manifest = _check_manifest(store_uri, checks["manifest"])
+    manifest = _check_manifest(config.store, checks["manifest"])
     if manifest is None:
         for name in CHECK_NAMES[1:]:
             checks[name].skip("not run: the manifest is unusable")
     else:
-        _verify_contents(store_uri, manifest, checks, figures, expected_steps=expected_steps, data=data,
-                         tokenizer=tokenizer, teacher=teacher, spot_check=spot_check, sample=sample,
-                         seed=seed, workers=workers, atol=spot_check_atol, progress=progress)
+        _verify_contents(config, manifest, checks, figures)
     figures["elapsed_s"] = time.perf_counter() - t0
     if figures.get("bytes") and figures["elapsed_s"] > 0:
         figures["mb_per_s"] = figures["bytes"] / 1e6 / figures["elapsed_s"]
-    report = VerifyReport(store=store_uri, checks=[checks[n].result() for n in CHECK_NAMES], figures=figures,
+    report = VerifyReport(store=config.store, checks=[checks[n].result() for n in CHECK_NAMES], figures=figures,
                           started_at=started)
-    if report_json:
-        paths.write_bytes_atomic(report_json, report.to_json().encode())
-    if report_md:
-        paths.write_bytes_atomic(report_md, report.markdown().encode())
+    if config.report_json:
+        paths.write_bytes_atomic(config.report_json, report.to_json().encode())
+    if config.report_md:
+        paths.write_bytes_atomic(config.report_md, report.markdown().encode())
     return report
 
 
-def _verify_contents(uri, manifest, checks, figures, *, expected_steps, data, tokenizer, teacher, spot_check,
-                     sample, seed, workers, atol, progress) -> None:
+def require_store(uri: str) -> None:
+    """A path without a manifest is not a damaged store but the wrong path (exit 2, not 4)."""
+    if not paths.exists(paths.join(uri, manifest_mod.MANIFEST_NAME)):
+        where = "it does not exist" if not paths.exists(uri) else f"it holds no {manifest_mod.MANIFEST_NAME}"
+        raise NotAStoreError(f"{uri} is not a logit store: {where}; give the folder a dump wrote")
+
+
+def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
+    uri, data, teacher = config.store, config.data, config.teacher
     try:
         scan = chunks_mod.scan(uri, manifest)
     except Exception as e:  # noqa: BLE001 - listing failed (network, permissions)
@@ -103,7 +79,7 @@ def _verify_contents(uri, manifest, checks, figures, *, expected_steps, data, to
         for name in CHECK_NAMES[2:]:
             checks[name].skip("not run: the store cannot be listed")
         return
-    _check_coverage(uri, manifest, scan, expected_steps, checks["coverage"])
+    _check_coverage(uri, manifest, scan, config.expected_steps, checks["coverage"])
 
     shapes, layout = manifest["shapes"], manifest["layout"]
     codec_name = manifest["codec"]["name"]
@@ -113,7 +89,7 @@ def _verify_contents(uri, manifest, checks, figures, *, expected_steps, data, to
         tmp_dir=None if local else tempfile.mkdtemp(prefix="logit-distill-verify-"),
         seq_len=shapes["seq_len"], top_k=shapes["top_k"], vocab=shapes["vocab_size"], codec=codec_name,
         id_bits=32 if codec_name == "exact" else codec_mod.id_bits_for(shapes["vocab_size"]),
-        B=layout["examples_per_step"], b=layout["examples_per_step"] // layout["num_processes"],
+        layout=StoreLayout.of(manifest),
         tag=manifest_mod.store_tag(manifest), on_records=lambda n: None, wanted={},
     )
     # Every well-named chunk of this store is read, duplicates included; foreign ones are not.
@@ -121,47 +97,16 @@ def _verify_contents(uri, manifest, checks, figures, *, expected_steps, data, to
                      key=lambda c: (c.process, c.start, c.name))
     present = sorted(scan.chunks.values(), key=lambda c: (c.process, c.start))
 
-    n_data = sample if data else 0
-    n_teacher = spot_check if teacher else 0
-    samples = _sample(ctx, present, max(n_data, n_teacher), seed)
+    n_data = config.sample if data else 0
+    n_teacher = config.spot_check if teacher else 0
+    samples = _sample(ctx, present, max(n_data, n_teacher), config.seed)
     for g, chunk, record in samples:
         ctx.wanted.setdefault(chunk.name, {})[record] = g
 
     # Data and teacher load on a side thread while the chunks are read.
     side = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ld-verify-prep")
-    src_future = teacher_future = None
-    if data:
-        tok = tokenizer
-        if tok is None and teacher:
-            tok = teacher if not teacher.startswith("preset:") else None
-        if tok is None and teacher and teacher.startswith("preset:"):
-            teacher_future = side.submit(_prepare_teacher, manifest, teacher)
-            src_future = side.submit(lambda: _prepare_source(manifest, data, teacher_future.result().tokenizer_path))
-        else:
-            src_future = side.submit(_prepare_source, manifest, data, tok)
-    if teacher and n_teacher and teacher_future is None:
-        teacher_future = side.submit(_prepare_teacher, manifest, teacher)
-
-    total_records = sum(ctx.expected_records(c) for c in to_read)
-    bar = _progress_bar(progress, total_records, uri)
-    lock = threading.Lock()
-
-    def on_records(n: int) -> None:
-        with lock:
-            bar.update(n)
-
-    ctx.on_records = on_records
-    results: list[_ChunkResult] = []
-    try:
-        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ld-verify") as pool:
-            # At most `workers` chunks are in flight: each task downloads (if remote), hashes and checks one.
-            for res in pool.map(lambda c: _check_chunk(ctx, c), to_read):
-                results.append(res)
-    finally:
-        bar.close()
-        if ctx.tmp_dir:
-            shutil.rmtree(ctx.tmp_dir, ignore_errors=True)
-
+    src_future, teacher_future = _start_side_loads(side, config, manifest, n_teacher)
+    results = _read_chunks(ctx, to_read, config)
     integrity, records = checks["integrity"], checks["records"]
     kept: dict = {}
     sums = {"positions": 0, "tokens": 0, "entropy": 0.0, "topk_mass": 0.0}
@@ -198,17 +143,71 @@ def _verify_contents(uri, manifest, checks, figures, *, expected_steps, data, to
         top_k=k,
         vocab_size=shapes["vocab_size"],
         codec=codec_name,
-        mean_teacher_entropy_nats=sums["entropy"] / sums["tokens"] if sums["tokens"] else float("nan"),
+        # top-k: -sum p log p over the top-k plus the tail as one outcome, a lower bound of the entropy;
+        # sampled: the mean of -log p over the draws (unbiased at proposal temperature 1)
+        **{"teacher_entropy_estimate_nats" if manifest_mod.selection_of(manifest) == "sampled"
+           else "teacher_entropy_lower_bound_nats": sums["entropy"] / sums["tokens"] if sums["tokens"] else float("nan")},
         mean_topk_mass=sums["topk_mass"] / sums["tokens"] if sums["tokens"] else float("nan"),
     )
 
+    _side_checks(config, ctx, checks, samples[:n_data], samples[:n_teacher], kept, src_future, teacher_future)
+    side.shutdown(wait=True)
+
+
+def _start_side_loads(side, config: VerifyConfig, manifest: dict, n_teacher: int):
+    """Futures of (the data source for the alignment check, the teacher for the spot check), or None."""
+    data, teacher = config.data, config.teacher
+    src_future = teacher_future = None
+    if data:
+        tok = config.tokenizer or store_tokenizer(config.store, manifest)
+        preset = teacher is not None and parse_model_spec(teacher).kind == "preset"
+        if tok is None and teacher and not preset:
+            tok = teacher
+        if tok is None and preset:
+            teacher_future = side.submit(_prepare_teacher, manifest, teacher)
+            src_future = side.submit(lambda: _prepare_source(manifest, data, teacher_future.result().tokenizer_path))
+        else:
+            src_future = side.submit(_prepare_source, manifest, data, tok)
+    if teacher and n_teacher and teacher_future is None:
+        teacher_future = side.submit(_prepare_teacher, manifest, teacher)
+    return src_future, teacher_future
+
+
+def _read_chunks(ctx: _Ctx, to_read: list, config: VerifyConfig) -> list[_ChunkResult]:
+    """Every chunk of ``to_read`` checked (integrity and records) on a thread pool, with a progress bar."""
+    total_records = sum(ctx.expected_records(c) for c in to_read)
+    bar = _progress_bar(config.progress, total_records, ctx.uri)
+    lock = threading.Lock()
+
+    def on_records(n: int) -> None:
+        with lock:
+            bar.update(n)
+
+    ctx.on_records = on_records
+    results: list[_ChunkResult] = []
+    try:
+        with cf.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ld-verify") as pool:
+            # At most `workers` chunks are in flight: each task downloads (if remote), hashes and checks one.
+            for res in pool.map(lambda c: _check_chunk(ctx, c), to_read):
+                results.append(res)
+    finally:
+        bar.close()
+        if ctx.tmp_dir:
+            shutil.rmtree(ctx.tmp_dir, ignore_errors=True)
+    return results
+
+
+def _side_checks(config: VerifyConfig, ctx: _Ctx, checks: dict, data_samples: list, teacher_samples: list,
+                 kept: dict, src_future, teacher_future) -> None:
+    """The data alignment and the teacher spot check, on the records kept while reading."""
+    data, teacher = config.data, config.teacher
     # data alignment
     if not data:
-        checks["data_alignment"].skip("skipped: no --data given")
+        checks["data_alignment"].skip("no --data given")
     else:
         try:
             source, want = src_future.result()
-            _check_data(ctx, source, want, samples[:n_data], kept, checks["data_alignment"])
+            _check_data(ctx, source, want, data_samples, kept, checks["data_alignment"])
         except LogitDistillError as e:
             checks["data_alignment"].add("input", f"cannot rebuild the data pipeline: {e}")
         except Exception as e:  # noqa: BLE001
@@ -216,18 +215,18 @@ def _verify_contents(uri, manifest, checks, figures, *, expected_steps, data, to
 
     # teacher spot check
     if not teacher:
-        checks["teacher_spot_check"].skip("skipped: no --teacher given")
-    elif not n_teacher:
-        checks["teacher_spot_check"].skip("skipped: --spot-check 0")
+        checks["teacher_spot_check"].skip("no --teacher given")
+    elif not config.spot_check:
+        checks["teacher_spot_check"].skip("--spot-check 0")
     else:
         try:
             loaded = teacher_future.result()
-            _check_teacher(ctx, loaded, samples[:n_teacher], kept, atol, checks["teacher_spot_check"])
+            _check_teacher(ctx, loaded, teacher_samples, kept, config.spot_check_atol,
+                           checks["teacher_spot_check"])
         except LogitDistillError as e:
             checks["teacher_spot_check"].add("input", f"cannot load the teacher {teacher}: {e}")
         except Exception as e:  # noqa: BLE001
             checks["teacher_spot_check"].add("error", f"teacher spot check failed to run: {type(e).__name__}: {e}")
-    side.shutdown(wait=True)
 
 
 def _progress_bar(enabled: bool, total: int, uri: str):

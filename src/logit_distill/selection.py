@@ -4,8 +4,11 @@ Only ``[B, L, k]`` (or ``[B, L, N]``) arrays and ``[B, L]`` tails leave the
 device. Selection runs in float32 whatever the model's dtype (``top_k`` on
 bfloat16 input was about 100x slower on CPU, and bfloat16 log-probs are too
 coarse). Each selection is one function of a step's logits
-(``select_topk``, ``select_sampled``); ``make_teacher_select`` wraps one with
-the teacher's forward.
+(``select_topk``, ``select_sampled``); ``make_teacher_topk`` and
+``make_teacher_sampled`` wrap one with the teacher's forward into a *teacher
+function* of one signature, ``fn(params, tokens, positions, segment_ids,
+example_index) -> dict``, which the dump, the online training and verify's
+spot check all call (the example index keys a sampled selection's draws).
 
 With a split forward (``features`` -> hidden states, ``head`` -> logits of a
 vocabulary slice) the top-k selection runs over vocabulary chunks
@@ -36,7 +39,6 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-SELECTIONS = ("topk", "sampled")
 # vocabulary entries per chunk of the chunked selection (default): vocabularies up to this size
 # are one chunk (the unchunked computation, bit for bit); Gemma 3's 262k is 8 chunks.
 AUTO_VOCAB_CHUNK = 32768
@@ -376,7 +378,8 @@ def make_teacher_select(apply: Callable, select: Callable, mesh=None, *, seed: i
 def make_teacher_topk(apply: Callable | None, k: int, mesh=None, *, tail_temperatures: Sequence[float] = (),
                       device_batch: int = 1, features: Callable | None = None, head: Callable | None = None,
                       vocab_size: int | None = None, vocab_chunk: int | None = None) -> Callable:
-    """``fn(params, tokens, positions, segment_ids) -> {topk_ids, topk_logprobs, tail_logprob[, ...]}``.
+    """``fn(params, tokens, positions, segment_ids, example_index) -> {topk_ids, topk_logprobs, tail_logprob[,
+    tail_logprob_tempered]}`` (``example_index`` is unused: the top-k needs no draws).
 
     With ``features(params, tokens, positions, segment_ids) -> [B, L, D]``, ``head(params, x, start,
     end) -> float32 [B, L, end - start]`` and ``vocab_size``, the head and the selection run over
@@ -394,12 +397,7 @@ def make_teacher_topk(apply: Callable | None, k: int, mesh=None, *, tail_tempera
             return select_topk_chunked(functools.partial(head, params), x, vocab_size, k, chunk, temps)
 
         fn = _on_mesh(run, mesh, device_batch)
-
-    @jax.jit
-    def teacher_topk(params, tokens, positions, segment_ids):
-        return fn(params, tokens, positions, segment_ids, jnp.zeros(tokens.shape[:1], jnp.int32))
-
-    return teacher_topk
+    return fn
 
 
 def make_teacher_sampled(apply: Callable | None, num_samples: int, *, seed: int, proposal_temperature: float = 1.0,
@@ -424,16 +422,6 @@ def make_teacher_sampled(apply: Callable | None, num_samples: int, *, seed: int,
         return select_sampled_chunked(functools.partial(head, params), x, vocab_size, num_samples, keys, chunk, t)
 
     return _on_mesh(run, mesh, device_batch)
-
-
-def make_teacher_lse(apply: Callable) -> Callable:
-    """Forward + logsumexp only: the baseline of the selection-cost benchmark."""
-
-    @jax.jit
-    def teacher_lse(params, tokens, positions, segment_ids):
-        return jax.nn.logsumexp(apply(params, tokens, positions, segment_ids).astype(jnp.float32), axis=-1)
-
-    return teacher_lse
 
 
 NONFINITE_KEY = "nonfinite"

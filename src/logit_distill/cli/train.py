@@ -1,23 +1,26 @@
-"""``logit-distill train``: the command line of ``train_student``.
-
-``register_cli(subparsers)`` adds the ``train`` subcommand to the main CLI;
-``python -m logit_distill.train.cli train ...`` runs it on its own.
-"""
+"""``logit-distill train``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
-from ..flags import finite_float, nonnegative_float, positive_float, positive_float_or_none
+from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
+from .flags import finite_float, nonnegative_float, positive_float, positive_float_or_none
+
+HELP = "train a student from a logit store (or a teacher in the loop)"
 DESCRIPTION = """\
 Train a student from a logit store (offline), or from a teacher run in the loop
-(online: --teacher, --data, --top-k, --seq-len). Re-running the same command with
-the same --output resumes from the latest checkpoint there. Outputs in --output:
-checkpoints/ (Orbax), metrics.jsonl, train_config.json, hf/ (the final student in
-HF format; student/ for a Flax NNX student) and eval.json (with --eval-data).
+(online: --teacher, --data, --top-k or --samples, --seq-len). Re-running the same
+command with the same --output resumes from the latest checkpoint there; one
+training at a time writes an output (a second one is refused, naming the first).
+Outputs in --output: checkpoints/ (Orbax), metrics.jsonl, train_config.json,
+tensorboard/, hf/ (the final student in HF format; student/ for a Flax NNX
+student), eval.json (with --eval-data), report.md and loss.png.
 See docs/TRAIN.md and docs/STUDENTS.md."""
+FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,12 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="online mode: seed of the document order of the data (as given to the dump; default 0)")
     src.add_argument("--num-examples", type=int,
                      help="online mode: use only the first N examples of the data (e.g. as many as the dump wrote)")
+    src.add_argument("--text-field", default=None,
+                     help="JSONL field holding the text of --data and --eval-data (default: the store's, else text)")
 
     p.add_argument("--student", required=True,
                    help="student: HF checkpoint dir (local or gs://), preset:NAME[@SEED] (random weights), or "
                         "flax:MODULE:FACTORY[?key=value&...] (a Flax NNX module, docs/STUDENTS.md); "
                         "its vocabulary must equal the teacher's")
-    p.add_argument("--output", required=True, help="output URI (local or gs://); a re-run resumes from it")
+    p.add_argument("--output", required=True,
+                   help="output folder (local or gs://): new, empty, or an earlier run's (which then resumes)")
     p.add_argument("--num-steps", type=int, required=True, help="optimizer steps to train")
     p.add_argument("--batch-size", type=int, required=True,
                    help="examples per micro-step over all devices and processes (divisible by the device count)")
@@ -61,10 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the training shuffle (default 0)")
     p.add_argument("--loss", choices=("topk_tail_kl", "topk_kl", "sampled_kl"), default=None,
                    help="KD loss: KL over top-k + a tail bin, KL over the top-k ids only, or the importance-"
-                        "weighted KL of sampled ids (default: topk_tail_kl for a top-k store, sampled_kl for a "
-                        "sampled one; docs/LOSSES.md)")
+                        "weighted KL of sampled ids (default: topk_tail_kl for a top-k store, topk_kl for one "
+                        "whose top-k is the whole vocabulary (exact there), sampled_kl for a sampled store; "
+                        "docs/LOSSES.md)")
     p.add_argument("--alpha", type=finite_float, default=1.0,
-                   help="weight of the KD loss: loss = alpha * KD + (1 - alpha) * CE; 0 trains on CE only "
+                   help="weight of the KD loss in [0, 1]: loss = alpha * KD + (1 - alpha) * CE; 0 trains on CE only "
                         "(default 1); the start value of a schedule")
     p.add_argument("--alpha-end", type=finite_float, help="alpha at the last step (with --alpha-schedule linear|cosine)")
     p.add_argument("--alpha-schedule", choices=("constant", "linear", "cosine"), default="constant",
@@ -82,53 +89,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-eval-examples", type=int, help="evaluate on at most N examples of --eval-data")
     p.add_argument("--param-sharding", choices=("replicate", "fsdp"), default="replicate",
                    help="parameters and optimizer state replicated on every device, or split (fsdp)")
-    p.add_argument("--log-every", type=int, default=1, help="write metrics and a log line every N steps (default 1)")
+    p.add_argument("--log-every", type=int, default=None,
+                   help="write a metrics row and a log line every N steps (default: about 20 per run)")
+    p.add_argument("--no-report", dest="report", action="store_false",
+                   help="no report.md / loss.png in the output")
+    p.add_argument("--force-takeover", action="store_true",
+                   help="take over the output's lease when it is stale (its training stopped refreshing it, "
+                        "e.g. on a machine that is gone)")
+    p.add_argument("--lease-timeout", type=positive_float, default=DEFAULT_LEASE_TIMEOUT_S,
+                   help=f"seconds without a refresh after which this run's lease on its output counts as stale "
+                        f"(default {DEFAULT_LEASE_TIMEOUT_S:.0f})")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def config_from_args(args: argparse.Namespace):
+    from ..train.config import TrainConfig
+
+    return TrainConfig(
+        student=args.student, output=args.output, num_steps=args.num_steps, batch_size=args.batch_size,
+        store=args.store, teacher=args.teacher, data=args.data, top_k=args.top_k, seq_len=args.seq_len,
+        samples=args.samples, proposal_temperature=args.proposal_temperature, packing=args.packing,
+        data_seed=args.data_seed, num_examples=args.num_examples, text_field=args.text_field,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, end_lr_fraction=args.end_lr_fraction,
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, grad_accum=args.grad_accum, seed=args.seed,
+        param_sharding=args.param_sharding, loss=args.loss, alpha=args.alpha, alpha_end=args.alpha_end,
+        alpha_schedule=args.alpha_schedule, temperature=args.temperature,
+        allow_tokenizer_mismatch=args.allow_tokenizer_mismatch, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints, eval_data=args.eval_data, max_eval_examples=args.max_eval_examples,
+        log_every=args.log_every, progress=args.progress, report=args.report, force_takeover=args.force_takeover,
+        lease_timeout_s=args.lease_timeout,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from .loop import train_student
+    import jax
 
-    result = train_student(
-        store=args.store, teacher=args.teacher, data=args.data, top_k=args.top_k, seq_len=args.seq_len,
-        student=args.student, output=args.output, num_steps=args.num_steps, batch_size=args.batch_size,
-        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed, loss=args.loss,
-        alpha=args.alpha, alpha_end=args.alpha_end, alpha_schedule=args.alpha_schedule,
-        temperature=args.temperature, checkpoint_every=args.checkpoint_every, eval_data=args.eval_data,
-        grad_accum=args.grad_accum, log_every=args.log_every, progress=args.progress,
-        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
-        end_lr_fraction=args.end_lr_fraction, param_sharding=args.param_sharding, packing=args.packing,
-        data_seed=args.data_seed, num_examples=args.num_examples, keep_checkpoints=args.keep_checkpoints,
-        max_eval_examples=args.max_eval_examples, samples=args.samples,
-        proposal_temperature=args.proposal_temperature, allow_tokenizer_mismatch=args.allow_tokenizer_mismatch,
-    )
-    summary = {"output": result.output, "final_step": result.final_step, "hf_dir": result.hf_dir,
-               "export_dir": result.export_dir,
-               "resumed_from_step": result.resumed_from_step, "metrics": result.metrics, "eval": result.eval}
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    from ..train import train_student
+    from ..train.report import outcome_lines
+
+    result = train_student(config_from_args(args).check())
+    if jax.process_index() == 0:
+        lines = outcome_lines(result, result.metrics) or [f"trained to step {result.final_step}"]
+        where = f"; report {result.report}" if result.report else ""
+        print(f"logit-distill train: {result.output}: {'; '.join(lines)}; student exported to {result.export_dir}"
+              f"{where}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True))
     return 0
-
-
-def register_cli(subparsers) -> argparse.ArgumentParser:
-    """Add the ``train`` subcommand; its ``func(args) -> int`` runs it."""
-    p = subparsers.add_parser("train", help="train a student from a logit store (or a teacher in the loop)",
-                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=run)
-    return p
-
-
-def main(argv=None) -> int:
-    from ..cli import OneLineParser
-
-    parser = OneLineParser(prog="logit-distill")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register_cli(sub)
-    args = parser.parse_args(argv)
-    from ..cli import run as run_command
-
-    return run_command(args, command="train", debug=False)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

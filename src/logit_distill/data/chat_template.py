@@ -1,0 +1,239 @@
+"""Chat templates, found and rendered as transformers' ``apply_chat_template`` does.
+
+Where the template comes from (the first that exists): the file given as the `chat_template`
+option; ``chat_template.jinja`` next to ``tokenizer.json``; the ``chat_template`` entry of
+``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}`` of which ``default`` is
+used). transformers reads them in the same order of precedence.
+
+Rendering uses jinja2's ``ImmutableSandboxedEnvironment`` with the environment of transformers 5
+(``utils/chat_template_utils.py``): ``trim_blocks``, ``lstrip_blocks``, the ``loopcontrols``
+extension (``{% break %}``, ``{% continue %}``), a ``{% generation %}`` block tag recording where
+the assistant's text lies, ``raise_exception(msg)``, ``strftime_now(fmt)``, a ``tojson`` filter that
+does not escape HTML; the template sees ``messages``, ``tools``, ``documents``,
+``add_generation_prompt``, the special tokens of ``tokenizer_config.json`` (``bos_token``,
+``eos_token``, ...) and the template keyword arguments (which override a special token of the same
+name). One difference, on purpose: ``strftime_now`` formats the fixed instant of the `now` option,
+not the clock, so a data set renders the same bytes every day (a dump resumed tomorrow, a verify
+next week).
+
+Written here rather than imported because transformers is a test reference, not a dependency of
+the package (its tests hold the two equal).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import posixpath
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec.core
+
+from logit_distill.errors import InputError
+
+from .tokenizer import TOKENIZER_FILE, _read_bytes, _read_json
+
+TEMPLATE_FILE = "chat_template.jinja"
+_GENERATION_TAG = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
+# Named special tokens apply_chat_template passes as variables (transformers' SPECIAL_TOKENS_ATTRIBUTES);
+# like transformers, any other top-level "*_token" string of tokenizer_config.json is passed too.
+_NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # AddedToken serialization: {"content": "...", ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def special_token_variables(tokenizer_config: dict | None) -> dict[str, str]:
+    """The special tokens of a tokenizer_config.json as template variables, as transformers 5 sets them."""
+    cfg = tokenizer_config or {}
+    out = {}
+    for key, value in cfg.items():
+        if key in _NAMED_SPECIAL_TOKENS or key.endswith("_token"):
+            text = _token_text(value)
+            if text is not None:
+                out[key] = text
+    extra = cfg.get("extra_special_tokens")
+    if isinstance(extra, dict):  # named model-specific tokens, e.g. {"image_token": "<image>"}
+        out.update({k: t for k, v in extra.items() if (t := _token_text(v)) is not None})
+    return out
+
+
+# --------------------------------------------------------------------------- the jinja environment
+
+
+def _generation_extension():
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationSpans(Extension):
+        """``{% generation %}...{% endgeneration %}``: records the character span of its output
+        in the text rendered so far (as transformers' AssistantTracker; one render per thread)."""
+
+        tags = {"generation"}
+
+        def __init__(self, environment):
+            super().__init__(environment)
+            self.state = threading.local()
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_generation", []), [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller):
+            out = caller()
+            blocks = getattr(self.state, "blocks", None)
+            if blocks is not None:
+                start = sum(map(len, blocks))
+                self.state.spans.append((start, start + len(out)))
+            return out
+
+    return GenerationSpans
+
+
+def _environment(now: _dt.datetime):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return now.strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_generation_extension(), jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+@dataclass
+class ChatTemplate:
+    text: str
+    source: str  # where it was read from (not part of any identity)
+    variables: dict[str, str]  # special tokens, then the template keyword arguments
+    now: str
+
+    def __post_init__(self):
+        import jinja2
+
+        env = _environment(_dt.datetime.fromisoformat(self.now))
+        self._spans = next(e for e in env.extensions.values() if hasattr(e, "state"))
+        try:
+            self._template = env.from_string(self.text)
+        except jinja2.TemplateSyntaxError as e:
+            raise InputError(f"chat template {self.source}: line {e.lineno}: {e.message}; fix the template") from None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    @property
+    def has_generation_markers(self) -> bool:
+        return bool(_GENERATION_TAG.search(self.text))
+
+    def _context(self, messages, tools, add_generation_prompt: bool) -> dict:
+        return {"messages": messages, "tools": tools, "documents": None,
+                "add_generation_prompt": add_generation_prompt, **self.variables}
+
+    def render(self, messages: list[dict], tools: list | None = None, *, add_generation_prompt: bool = False,
+               place: str = "") -> str:
+        """The text, as ``apply_chat_template(messages, tools=tools, tokenize=False)``."""
+        try:
+            return self._template.render(self._context(messages, tools, add_generation_prompt))
+        except Exception as e:  # noqa: BLE001 - any error raised inside the template is bad input
+            raise _template_error(e, place, self.source) from None
+
+    def render_with_generation_spans(self, messages: list[dict], tools: list | None = None, *,
+                                     place: str = "") -> tuple[str, list[tuple[int, int]]]:
+        """The text and the character spans of its ``{% generation %}`` blocks."""
+        blocks: list[str] = []
+        state = self._spans.state
+        state.blocks, state.spans = blocks, []
+        try:
+            for block in self._template.generate(self._context(messages, tools, False)):
+                blocks.append(block)
+            return "".join(blocks), state.spans
+        except Exception as e:  # noqa: BLE001
+            raise _template_error(e, place, self.source) from None
+        finally:
+            state.blocks = state.spans = None
+
+
+def _template_error(e: Exception, place: str, source: str) -> InputError:
+    import jinja2
+
+    what = "raised" if type(e) is jinja2.exceptions.TemplateError else f"failed ({type(e).__name__})"
+    where = f"{place}: " if place else ""
+    return InputError(f"{where}the chat template {what}: {e}; fix the conversation or the template ({source})")
+
+
+# --------------------------------------------------------------------------- finding the template
+
+
+def _read_text(url: str, what: str) -> str:
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.isfile(path):
+        raise InputError(f"{what} not found: {url}")
+    try:
+        return _read_bytes(fs, path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {url} is not UTF-8 text ({e})") from None
+
+
+def _from_config(config: dict, where: str) -> str | None:
+    value = config.get("chat_template")
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+        raise InputError(f"{where} holds several chat templates ({sorted(map(str, named))}) and none is named "
+                         "'default': pass the one to use as a template file")
+    raise InputError(f"{where}: chat_template is a {type(value).__name__}, not a string")
+
+
+def load_chat_template(tokenizer_path: str | None, *, template_file: str | None, template_kwargs: dict,
+                       now: str) -> ChatTemplate | None:
+    """The chat template for a tokenizer (a tokenizer.json or its directory), or None when there is none."""
+    config = None
+    if tokenizer_path:
+        fs, path = fsspec.core.url_to_fs(tokenizer_path)
+        directory = path if fs.isdir(path) else posixpath.dirname(path)
+        cfg_path = posixpath.join(directory, "tokenizer_config.json")
+        config = _read_json(fs, cfg_path)
+    variables = {**special_token_variables(config), **template_kwargs}
+    if template_file:
+        return ChatTemplate(_read_text(template_file, "chat template file"), template_file, variables, now)
+    if not tokenizer_path:
+        return None
+    jinja_path = posixpath.join(directory, TEMPLATE_FILE)
+    if fs.isfile(jinja_path):
+        url = fs.unstrip_protocol(jinja_path)
+        return ChatTemplate(_read_text(url, "chat template"), url, variables, now)
+    text = _from_config(config or {}, fs.unstrip_protocol(cfg_path))
+    if text is None:
+        return None
+    return ChatTemplate(text, fs.unstrip_protocol(cfg_path), variables, now)
+
+
+def missing_template_error(data: str, tokenizer_path: str | None) -> InputError:
+    where = f"next to {tokenizer_path}" if tokenizer_path else "(no tokenizer given)"
+    return InputError(
+        f"data {data} holds conversations but there is no chat template {where} ({TEMPLATE_FILE}, or "
+        f"`chat_template` in tokenizer_config.json next to {TOKENIZER_FILE}); pass a template file"
+    )

@@ -1,0 +1,149 @@
+"""The dump's settings: one frozen ``DumpConfig`` whose ``check()`` validates every value before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..errors import InputError
+from ..store import manifest as manifest_mod
+from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
+
+SELECTIONS = ("topk", "sampled")
+CODECS = ("default", "exact")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class DumpConfig:
+    """What to dump and how. The fields up to ``tail_temperatures`` (and the number of processes)
+    decide the store's content, hence its fingerprint; the others only how the dump runs."""
+
+    teacher: str  # HF checkpoint dir/URI or preset:NAME[@SEED]
+    data: str  # JSONL / pre-tokenized ArrayRecord file, glob or directory
+    output: str  # store location (local path, file:// or gs://)
+    top_k: int = 64
+    seq_len: int = 512
+    batch_size: int = 8  # examples per step, across all processes
+    num_steps: int | None = None  # default: every full batch of the data
+    steps_per_file: int = 50
+    codec: str = "default"
+    seed: int = 0  # the document order (and a sampled store's draws)
+    packing: bool = True
+    dtype: str = "float32"
+    text_field: str = "text"
+    tokenizer: str | None = None  # default: the teacher's tokenizer.json
+    selection: str = "topk"  # topk | sampled
+    samples: int | None = None  # sampled: draws per position (N)
+    proposal_temperature: float = 1.0  # sampled: draws from softmax(logits / t)
+    tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
+    array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
+    # how the dump runs (not part of the store's identity)
+    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor | expert | fsdp+expert
+    model_parallel: int | None = None  # devices of the mesh's model axis (tensor and expert modes; default: all)
+    attention: str = "auto"  # auto | dense | blocked | pallas_gpu | pallas_tpu (models/attention.py)
+    device_batch: int | None = None  # examples per kernel on each device (default: per backend)
+    vocab_chunk: int | None = None  # vocabulary entries per chunk of the selection (default 32768)
+    max_pending_steps: int = 4
+    progress: bool = True
+    force_takeover: bool = False  # take over a stale lease (docs/FORMAT.md, "Lease")
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    wait_for_stale_lease: bool = False  # with force_takeover: wait for a lease not yet stale to go stale, once
+
+    def __post_init__(self):
+        object.__setattr__(self, "tail_temperatures", tuple(float(T) for T in self.tail_temperatures))
+
+    def check(self) -> "DumpConfig":
+        """Every setting on its own and against the others (no file is read); InputError naming the flag."""
+        for name in ("top_k", "seq_len", "batch_size", "steps_per_file", "max_pending_steps"):
+            _require_int(name, getattr(self, name), 1)
+        for name in ("num_steps", "model_parallel", "device_batch", "vocab_chunk"):
+            if getattr(self, name) is not None:
+                _require_int(name, getattr(self, name), 1)
+        _require_int("seed", self.seed, 0)
+        _require_choice("codec", self.codec, CODECS)
+        _require_choice("dtype", self.dtype, DTYPES)
+        _require_choice("selection", self.selection, SELECTIONS)
+        if self.selection == "sampled":
+            if self.samples is None or not 1 <= self.samples <= 65535:
+                raise InputError(f"--selection sampled needs --samples N with 1 <= N <= 65535, got {self.samples}")
+            if self.tail_temperatures:
+                raise InputError("--tail-temperatures applies to --selection topk; a sampled store has no tail")
+        elif self.samples is not None:
+            raise InputError("--samples applies to --selection sampled; give --selection sampled or drop --samples")
+        if not all(math.isfinite(float(T)) and float(T) > 0 for T in (self.proposal_temperature,
+                                                                       *self.tail_temperatures)):
+            raise InputError(f"temperatures must be finite and > 0: --proposal-temperature {self.proposal_temperature}, "
+                             f"--tail-temperatures {list(self.tail_temperatures)}")
+        if self.selection == "topk" and self.proposal_temperature != 1.0:
+            raise InputError("--proposal-temperature applies to --selection sampled")
+        if not (math.isfinite(float(self.lease_timeout_s)) and float(self.lease_timeout_s) > 0):
+            raise InputError(f"--lease-timeout must be finite and > 0 seconds, got {self.lease_timeout_s}")
+        if not self.text_field or not isinstance(self.text_field, str):
+            raise InputError(f"--text-field must be a non-empty name, got {self.text_field!r}")
+        from ..models.attention import check_attention
+        from ..models.sharding import MODEL_AXIS_MODES, check_mode
+
+        check_attention(self.attention)
+        check_mode(self.sharding)
+        if self.model_parallel not in (None, 1) and self.sharding not in MODEL_AXIS_MODES:
+            raise InputError(f"--model-parallel {self.model_parallel} needs --sharding tensor, fsdp+tensor, expert "
+                             f"or fsdp+expert, not {self.sharding}")
+        _check_array_record_options(self.array_record_options)
+        return self
+
+    @classmethod
+    def from_flat(cls, *, data_seed: int = 0, samples: int = 0, proposal_temperature: float = 1.0,
+                  tail_temperatures: str = "", tokenizer: str = "", model_parallel: int = 0, device_batch: int = 0,
+                  vocab_chunk: int = 0, **fields) -> "DumpConfig":
+        """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
+        ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
+        sampled selection only, ``data_seed`` for ``seed``."""
+        sampled = fields.get("selection", "topk") == "sampled"
+        return cls(seed=data_seed, samples=samples if sampled else None,
+                   proposal_temperature=proposal_temperature if sampled else 1.0,
+                   tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
+                   tokenizer=tokenizer or None, model_parallel=model_parallel or None,
+                   device_batch=device_batch or None, vocab_chunk=vocab_chunk or None, **fields)
+
+    @property
+    def inputs(self) -> dict:
+        """The input paths by flag (outputs must not overlap them)."""
+        return {"--teacher": self.teacher, "--data": self.data, "--tokenizer": self.tokenizer}
+
+    def selection_settings(self) -> dict:
+        """The manifest's selection fields."""
+        if self.selection == "sampled":
+            return {"selection": "sampled", "num_samples": self.samples,
+                    "proposal_temperature": self.proposal_temperature, "sample_seed": self.seed}
+        return {"tail_temperatures": self.tail_temperatures}
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a config field."""
+    return {"lease_timeout_s": "--lease-timeout"}.get(name, "--" + name.replace("_", "-"))
+
+
+def _require_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InputError(f"{flag(name)} must be an integer >= {low}, got {value!r}")
+
+
+def _require_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise InputError(f"{flag(name)} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_array_record_options(options: str) -> None:
+    """Open a writer with ``options`` on a scratch file: a typo fails here, before anything is created."""
+    import os
+    import tempfile
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    with tempfile.TemporaryDirectory(prefix="logit-distill-options-") as scratch:
+        try:
+            ArrayRecordWriter(os.path.join(scratch, "probe.array_record"), options).close()
+        except (ValueError, RuntimeError) as e:
+            raise InputError(f"--array-record-options {options!r}: {e}; "
+                             "e.g. 'group_size:1,uncompressed' or 'group_size:1,zstd:3'") from None
