@@ -30,8 +30,6 @@ from ..errors import InputError
 from . import divergences
 from .divergences import DIVERGENCES
 
-# The losses `train --loss` offers.
-KINDS = ("topk_kl", "topk_tail_kl", "sampled_kl")
 # Every kind distill_loss computes: (what the teacher gave, divergence).
 KIND_PARTS = {
     "topk_kl": ("topk", "kl"),
@@ -41,12 +39,20 @@ KIND_PARTS = {
     "hybrid_kl": ("hybrid", "kl"),
 }
 ALL_KINDS = tuple(KIND_PARTS)
+# The losses `train --loss` offers: every kind but hybrid_kl (no store selection holds its record yet).
+KINDS = tuple(k for k in ALL_KINDS if KIND_PARTS[k][0] != "hybrid")
+
+
+def representation(kind: str) -> str:
+    """What the teacher gave a loss kind: "topk", "topk_tail", "sampled", "full" or "hybrid"."""
+    return KIND_PARTS[kind][0]
 # The default loss of each store selection (docs/LOSSES.md, "Which loss").
 DEFAULT_LOSS = {"topk": "topk_tail_kl", "sampled": "sampled_kl"}
 
 __all__ = [
     "KINDS",
     "ALL_KINDS",
+    "representation",
     "next_token_mask",
     "next_token_targets",
     "topk_kl_per_token",
@@ -63,6 +69,7 @@ __all__ = [
     "cross_entropy",
     "kd_loss",
     "check_sampled_temperature",
+    "check_sampled_divergence",
     "kd_metric_note",
     "accumulation_scales",
     "distill_loss",
@@ -306,11 +313,7 @@ def sampled_divergence_per_token(logits, sample_ids, sample_counts, sample_logpr
                                     allow_biased_temperature=allow_biased_temperature)
     if divergence == "reverse_kl":
         raise InputError(divergences.NO_REVERSE_KL_FROM_DRAWS)
-    T, t = _concrete(temperature), _concrete(proposal_temperature)
-    if T != 1.0 or t != 1.0:
-        raise InputError(f"sampled_{divergence} needs temperature 1 and draws at proposal temperature 1 (got T = "
-                         f"{temperature}, t = {proposal_temperature}): the teacher's tempered log-probs need its "
-                         "normaliser, which a sampled record does not hold; use sampled_kl at T = t")
+    check_sampled_divergence(divergence, temperature, proposal_temperature)
     z = jnp.asarray(logits).astype(jnp.float32)
     log_q = _gather(z, sample_ids) - _safe_logsumexp(z, axis=-1)[..., None]
     lp = jnp.asarray(sample_logprobs, jnp.float32)
@@ -450,6 +453,16 @@ def cross_entropy(logits, tokens, mask):
     :func:`next_token_mask` does)."""
     targets = jnp.where(jnp.asarray(mask, bool), next_token_targets(tokens), 0)
     return _masked_mean(cross_entropy_per_token(logits, targets), mask)
+
+
+def check_sampled_divergence(divergence, temperature, proposal_temperature) -> None:
+    """``InputError`` unless draws give ``divergence``'s estimate at these temperatures: ``kl`` at any
+    (``check_sampled_temperature`` judges T != t), the others at T = t = 1 only."""
+    T, t = _concrete(temperature), _concrete(proposal_temperature)
+    if divergence != "kl" and (T != 1.0 or t != 1.0):
+        raise InputError(f"sampled_{divergence} needs temperature 1 and draws at proposal temperature 1 (got T = "
+                         f"{temperature}, t = {proposal_temperature}): the teacher's tempered log-probs need its "
+                         "normaliser, which a sampled record does not hold; use sampled_kl at T = t")
 
 
 # ---------------------------------------------------------------- combined
