@@ -369,7 +369,7 @@ def test_online_full_vocabulary_divergence_and_eval_store(setup, tmp_path):
 
     r = train_student(TrainConfig(teacher=setup["teacher"], data=setup["train_data"], seq_len=SEQ_LEN,
                                   loss="full_jsd", jsd_beta=0.3, student=setup["student"], output=str(tmp_path / "o"),
-                                  num_steps=2, batch_size=4, eval_store=setup["store"], max_eval_examples=8,
+                                  num_steps=1, batch_size=4, eval_store=setup["store"], max_eval_examples=8,
                                   progress=False))
     assert np.isfinite(r.metrics["kd_loss"]) and r.metrics["kd_loss"] > 0
     settings = json.load(open(os.path.join(r.output, "train_config.json")))

@@ -100,6 +100,9 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
         from .teacher_eval import open_eval_reference
 
         eval_examples, eval_reference = open_eval_reference(config, source, eval_examples)
+        if config.eval_store is not None and config.eval_store == config.store:
+            warnings.append(f"warning: --eval-store is the training store {config.store}: its measures are on "
+                            "examples the student trained on, not held-out ones")
     settings = run_settings(config, source, student, loss)
     existing = _read_json(paths.join(config.output, CONFIG_NAME))
     if existing is not None:
