@@ -363,6 +363,7 @@ def test_teacher_relative_evaluation_equals_teacher_metrics(setup, kd_run):
     assert f"top-1 agreement {got['top1_agreement']:.1%}" in report and "tail-shape KL" in report
 
 
+@pytest.mark.slow  # an online run with the teacher's whole vocabulary: its own compile (about 30 s here)
 def test_online_full_vocabulary_divergence_and_eval_store(setup, tmp_path):
     """An online full_* loss trains; --eval-store measures against a store's k + 1 bins."""
     from logit_distill.train import teacher_metrics
