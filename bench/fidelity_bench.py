@@ -1,252 +1,589 @@
-"""The fidelity-per-byte figure: how close each store (and loss) brings a student to the teacher's
-whole distribution, against the bytes it stores per position."""
+"""The fidelity-per-byte figure at convergence: how close each store (and loss) brings a student to the
+teacher's whole distribution, against the bytes it stores per position.
+
+The set-up (docs/BENCHMARKS.md reports it; the figures come from ``python -m bench.run --only fidelity``):
+
+- Teacher: a Qwen3-style network (2 layers, width 64) whose LM head is scaled so that its next-token
+  distributions have about 3 nats of entropy: vocabulary 1024, head x21 (top-64 mass 0.94), the default
+  group (the rows of ``fid_rows``); ``--full``: vocabulary 4096, head x25 (top-64 mass 0.92), every row.
+- Data: documents sampled from the teacher (so it is the best model of them): training, validation
+  (the stopping rule) and test (the figures) documents.
+- Stores: simulated, not dumped: the teacher's logits over the training documents go through the
+  selection functions (``topk.select_topk``, ``topk.select_sampled``, ``hybrid_selection``) with the dump's
+  keys, then through the byte layout's encoder and decoder (``bench/hybrid_codec.py``, the default codec's
+  pieces); students train on what the decoder gives back, and the bytes per position are the encoded
+  records' (header, runs and tokens included). Sampled stores draw with the seed of the row's seed.
+- Students: the same family, smaller (``fid_student_layers``, ``fid_student_width``: one layer by default),
+  their own initialisation per seed; the seeds of a row train together
+  (``jax.vmap`` over the seeds), each on its own shuffle. Adam (b1 0.9, b2 0.95), clipping at 1,
+  alpha 1 (CE only: 0), T 1, ``losses.distill_loss`` as training uses it.
+- Stopping rule (per seed): the validation KL(teacher || student) over the full vocabulary is measured
+  every ``fid_eval_every`` steps; a plateau is ``fid_patience`` evaluations without a relative improvement of
+  ``fid_tolerance`` on the best so far. At a plateau the learning rate is multiplied by ``fid_decay``; the
+  seed has converged at the plateau after ``fid_decays`` such cuts. The row's figures are its test metrics
+  at each seed's best validation step.
+- Rows are compared paired by seed: the mean over seeds of (row - reference) and its standard error.
+
+Each row's result is saved under bench/out/fidelity/rows/ with the settings it was run with; a rerun with
+the same settings reuses it (a killed run resumes at the next row).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import time
 
 import numpy as np
 
-from . import common
+from . import common, hybrid_codec
 from .common import log
 
-# Teacher: vocabulary 8192, a small Qwen3-style network whose LM head is scaled so that its
-# next-token distributions are neither flat nor one-hot (top-8 mass well below 1: reported).
-FIDELITY_TEACHER = {**common.qwen3_config(vocab_size=8192, hidden=64, intermediate=192, layers=2, heads=4,
-                                          kv_heads=2, head_dim=16, max_len=256), "tie_word_embeddings": False}
-FIDELITY_HEAD_SCALE = 25.0
-FIDELITY_STUDENT = {**common.qwen3_config(vocab_size=8192, hidden=64, intermediate=192, layers=2, heads=4,
-                                          kv_heads=2, head_dim=16, max_len=256), "tie_word_embeddings": False}
 
-# row -> (store, loss); store None: CE only (alpha 0) or online (the teacher in the loop, k = V).
-ROWS = {
+
+def model_config(vocab_size: int, layers: int = 2, hidden: int = 64) -> dict:
+    """The teacher's architecture (Qwen3-style, 2 layers, width 64, untied head) or a student's."""
+    return {**common.qwen3_config(vocab_size=vocab_size, hidden=hidden, intermediate=3 * hidden, layers=layers,
+                                  heads=4, kv_heads=2, head_dim=hidden // 4, max_len=256),
+            "tie_word_embeddings": False}
+
+
+def student_config(size: dict) -> dict:
+    return model_config(size["fid_vocab"], size["fid_student_layers"], size["fid_student_width"])
+
+
+# At vocabulary 4096 an LM head x25 gives about 3.0 nats of entropy and 0.92 of the mass on the top 64.
+DEFAULT_TEACHER = (4096, 25.0)
+TAIL_SHAPE_K = 64  # the teacher's top-k outside which the tail-shape KL compares the spreads
+
+# store -> (selection, settings, layouts whose bytes are reported; the first is what students train on)
+STORES = {
+    "topk64": ("topk", {"k": 64}, ("topk",)),
+    "topk8": ("topk", {"k": 8}, ("topk",)),
+    "sampled32": ("sampled", {"n": 32}, ("sampled",)),
+    "sampled64": ("sampled", {"n": 64}, ("sampled",)),
+    "systematic32": ("systematic", {"n": 32}, ("sampled", "compact")),
+    "systematic64": ("systematic", {"n": 64}, ("sampled", "compact")),
+    "hybrid4x16": ("hybrid", {"k": 4, "n": 16}, ("hybrid",)),
+    "hybrid8x8": ("hybrid", {"k": 8, "n": 8}, ("hybrid",)),
+}
+# row -> (store, loss); store None: CE only (alpha 0); "online": the teacher in the loop, full vocabulary
+ROWS = {  # in the order they run: the reference rows and the candidates within 48 bytes first
     "ce_only": (None, None),
-    "full_kd_online": ("online", "topk_kl"),
-    "topk_kl_k64": ("topk64", "topk_kl"),
-    "topk_tail_kl_k8": ("topk8", "topk_tail_kl"),
+    "full_kd_online": ("online", "full_kl"),
     "topk_tail_kl_k64": ("topk64", "topk_tail_kl"),
-    "sampled_kl_n16": ("sampled16", "sampled_kl"),
+    "systematic_kl_n64": ("systematic64", "sampled_kl"),
+    "hybrid_kl_k4_n16": ("hybrid4x16", "hybrid_kl"),
     "sampled_kl_n32": ("sampled32", "sampled_kl"),
     "sampled_kl_n64": ("sampled64", "sampled_kl"),
+    "systematic_kl_n32": ("systematic32", "sampled_kl"),
+    "topk_tail_kl_k8": ("topk8", "topk_tail_kl"),
+    "hybrid_kl_k8_n8": ("hybrid8x8", "hybrid_kl"),
+    "topk_kl_k64": ("topk64", "topk_kl"),
 }
-STORES = {"topk64": ("topk", 64), "topk8": ("topk", 8), "sampled16": ("sampled", 16),
-          "sampled32": ("sampled", 32), "sampled64": ("sampled", 64)}
+REFERENCE = "topk_tail_kl_k64"
+BYTES_GOAL = 48.0
+SETTINGS = ("fid_student_layers", "fid_student_width", "fid_docs", "fid_val_docs", "fid_test_docs", "fid_seq_len", "fid_batch", "fid_seeds", "fid_lr",
+            "fid_warmup", "fid_eval_every", "fid_patience", "fid_tolerance", "fid_decay", "fid_decays",
+            "fid_max_steps")
 
 
-def _teacher_dir(root: str) -> str:
-    from logit_distill.models import build_model, init_params, save_hf_checkpoint
+# ----------------------------------------------------------------------------- teacher, data, stores
 
-    out = os.path.join(root, "teacher")
-    params = init_params(FIDELITY_TEACHER, 0, "float32")
-    params["lm_head"]["weight"] = params["lm_head"]["weight"] * FIDELITY_HEAD_SCALE
-    model = build_model(FIDELITY_TEACHER, params, identity={"kind": "fidelity-teacher"})
-    save_hf_checkpoint(model, model.params, out)
+
+def _teacher_suffix(size: dict) -> str:
+    """The cache names' mark of a teacher other than the default one."""
+    teacher = (size["fid_vocab"], float(size["fid_head_scale"]))
+    return "" if teacher == DEFAULT_TEACHER else f"-v{teacher[0]}-x{teacher[1]:g}"
+
+
+def _teacher(size: dict):
+    from logit_distill.models import build_model, init_params
+
+    cfg = model_config(size["fid_vocab"])
+    params = init_params(cfg, 0, "float32")
+    params["lm_head"]["weight"] = params["lm_head"]["weight"] * size["fid_head_scale"]
+    return build_model(cfg, params, identity={"kind": "fidelity-teacher"})
+
+
+def _documents(teacher, size: dict, cache: str) -> dict:
+    """{train, val, test}: int32 [n, L] documents sampled from the teacher (cached)."""
+    from logit_distill.sampling import sample_documents
+
+    n = (size["fid_docs"], size["fid_val_docs"], size["fid_test_docs"])
+    path = os.path.join(cache, f"docs-{n[0]}-{n[1]}-{n[2]}-{size['fid_seq_len']}{_teacher_suffix(size)}.npz")
+    if not os.path.exists(path):
+        log(f"fidelity: sampling {sum(n)} documents of {size['fid_seq_len']} tokens from the teacher "
+            f"(vocab {teacher.vocab_size})")
+        docs = np.stack(sample_documents(teacher, num_docs=sum(n), doc_len=size["fid_seq_len"], seed=0, bos_id=0))
+        np.savez(path + ".tmp.npz", train=docs[:n[0]], val=docs[n[0]:n[0] + n[1]], test=docs[n[0] + n[1]:])
+        os.replace(path + ".tmp.npz", path)
+    with np.load(path) as f:
+        return {k: f[k].astype(np.int32) for k in ("train", "val", "test")}
+
+
+def _model_inputs(tokens: np.ndarray) -> dict:
+    L = tokens.shape[-1]
+    return {"tokens": tokens, "positions": np.broadcast_to(np.arange(L, dtype=np.int32), tokens.shape).copy(),
+            "segment_ids": np.ones_like(tokens)}
+
+
+def _select_fn(teacher, selection: str, settings: dict):
+    """jitted ``(params, tokens, positions, segment_ids, example_index, seed) -> selection's fields``."""
+    import jax
+
+    from logit_distill import hybrid_selection
+    from logit_distill import selection as topk
+
+    def run(params, tokens, positions, segment_ids, example_index, seed):
+        logits = teacher.apply(params, tokens, positions, segment_ids)
+        keys = topk.sample_keys(seed, example_index, tokens.shape[1]) if selection != "topk" else None
+        if selection == "topk":
+            return topk.select_topk(logits, settings["k"])
+        if selection == "sampled":
+            return topk.select_sampled(logits, settings["n"], keys)
+        if selection == "systematic":
+            return hybrid_selection.select_systematic(logits, settings["n"], keys)
+        return hybrid_selection.select_hybrid(logits, settings["k"], settings["n"], keys)
+
+    return jax.jit(run, static_argnums=(5,))
+
+
+def _encode(layout: str, rec: dict, n: int | None, index: int, V: int) -> bytes:
+    from logit_distill import codec
+
+    if layout == "topk":
+        return codec.encode_record("default", example_index=index, tokens=rec["tokens"],
+                                   segment_ids=rec["segment_ids"], positions=rec["positions"], vocab_size=V,
+                                   topk_ids=rec["topk_ids"], topk_logprobs=rec["topk_logprobs"],
+                                   tail_logprob=rec["tail_logprob"])
+    return hybrid_codec.encode(layout, rec, vocab_size=V, num_samples=n, example_index=index)
+
+
+def _decode(layout: str, data: bytes, V: int) -> dict:
+    from logit_distill import codec
+
+    if layout == "topk":
+        return codec.decode_record(data)
+    return hybrid_codec.decode(layout, data, vocab_size=V)
+
+
+TRAIN_FIELDS = ("topk_ids", "topk_logprobs", "tail_logprob", "sample_ids", "sample_counts", "sample_logprobs",
+                "tail_plogp")
+
+
+def _build_store(teacher, docs: np.ndarray, name: str, seed: int, cache: str, suffix: str) -> dict:
+    """The store's decoded training fields (numpy ``[n, L, ...]``) and its bytes per position, per layout."""
+    selection, settings, layouts = STORES[name]
+    V = teacher.vocab_size
+    path = os.path.join(cache, f"store-{name}-seed{seed}-{docs.shape[0]}x{docs.shape[1]}{suffix}.npz")
+    if os.path.exists(path):
+        with np.load(path) as f:
+            out = {k: f[k] for k in f.files if k != "bytes"}
+            out["bytes"] = json.loads(str(f["bytes"]))
+        return out
+    fn = _select_fn(teacher, selection, settings)
+    n, L = docs.shape
+    fields: dict = {}
+    total = {layout: 0 for layout in layouts}
+    for start in range(0, n, 64):
+        rows = _model_inputs(docs[start:start + 64])
+        index = np.arange(start, start + len(rows["tokens"]), dtype=np.int32)
+        sel = {k: np.asarray(v) for k, v in fn(teacher.params, *rows.values(), index, int(seed)).items()}
+        for i in range(len(index)):
+            rec = {**{k: v[i] for k, v in rows.items()}, **{k: v[i] for k, v in sel.items()}}
+            for j, layout in enumerate(layouts):
+                data = _encode(layout, rec, settings.get("n"), int(index[i]), V)
+                total[layout] += len(data)
+                if j == 0:  # train on what the first layout's decoder gives back
+                    back = _decode(layout, data, V)
+                    for k in TRAIN_FIELDS:
+                        if back.get(k) is not None:
+                            fields.setdefault(k, []).append(back[k])
+    out = {}
+    for k, parts in fields.items():
+        if parts[0].ndim == 2 and k.startswith("sample_"):  # ragged S per record: pad to the widest
+            S = max(p.shape[1] for p in parts)
+            parts = [np.pad(p, ((0, 0), (0, S - p.shape[1]))) for p in parts]
+        out[k] = np.stack(parts)
+    out["bytes"] = {layout: b / (n * L) for layout, b in total.items()}
+    np.savez(path + ".tmp.npz", **{k: v for k, v in out.items() if k != "bytes"}, bytes=json.dumps(out["bytes"]))
+    os.replace(path + ".tmp.npz", path)
     return out
 
 
-def _store_bytes(uri: str) -> tuple[float, float]:
-    """(record bytes, file bytes) per position of a store."""
-    from logit_distill import paths
-    from logit_distill.store import open_store
+def _teacher_stats(teacher, docs: np.ndarray) -> dict:
+    import jax
 
-    with open_store(uri) as st:
-        record_bytes = 0
-        for chunk in st.scan.chunks.values():
-            record_bytes += sum(len(r) for r in st.read_chunk(chunk))
-        positions = len(st) * st.manifest["shapes"]["seq_len"]
-        files = sum(f["size"] for f in paths.list_files(uri) if f["name"].startswith("chunk-"))
-    return record_bytes / positions, files / positions
+    ent = top8 = top64 = 0.0
+    npos = 0
+    for start in range(0, len(docs), 64):
+        rows = _model_inputs(docs[start:start + 64])
+        lp = np.asarray(jax.nn.log_softmax(teacher.apply(teacher.params, *rows.values()), -1), np.float64)[:, :-1]
+        p = np.exp(lp)
+        srt = np.sort(p, -1)
+        ent += float(-(p * lp).sum())
+        top8 += float(srt[..., -8:].sum())
+        top64 += float(srt[..., -64:].sum())
+        npos += p.shape[0] * p.shape[1]
+    return {"entropy_nats": ent / npos, "top8_mass": top8 / npos, "top64_mass": top64 / npos, "positions": npos}
 
 
-def _heldout(teacher, student, examples, batch: int) -> dict:
-    """Held-out next-token cross-entropy of the student and full-vocabulary KL(teacher || student),
-    means over the positions of ``next_token_mask``."""
+# ----------------------------------------------------------------------------- training
+
+
+def _row_key(name: str, size: dict) -> str:
+    what = {"row": ROWS[name], "store": STORES.get(ROWS[name][0]), "settings": {k: size[k] for k in SETTINGS},
+            "teacher": model_config(size["fid_vocab"]), "scale": float(size["fid_head_scale"]), "version": 2}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class _Trainer:
+    """Training and evaluation functions of one student architecture, compiled once per loss kind."""
+
+    def __init__(self, teacher, size: dict):
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        from logit_distill.train import teacher_metrics
+        from logit_distill.train.losses import (cross_entropy_per_token, distill_loss, next_token_mask,
+                                                next_token_targets)
+
+        self.teacher = teacher
+        self.config = student_config(size)
+        self.student = common.build(self.config, 100)
+        self.tx = optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(b1=0.9, b2=0.95))
+        apply, tx = self.student.apply, self.tx
+        self._steps: dict = {}
+
+        def make_step(kind, alpha, online):
+            def one(params, opt_state, batch, lr):
+                def loss_fn(p):
+                    z = apply(p, batch["tokens"], batch["positions"], batch["segment_ids"])
+                    return distill_loss(z, batch, kind=kind, alpha=alpha, temperature=1.0)[0]
+
+                value, grads = jax.value_and_grad(loss_fn)(params)
+                updates, opt_state = tx.update(grads, opt_state, params)
+                params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+                return params, opt_state, value
+
+            def step(params, opt_state, batch, lr):
+                if online:
+                    batch = {**batch, "teacher_logits": jax.vmap(
+                        lambda b: teacher.apply(teacher.params, b["tokens"], b["positions"], b["segment_ids"]))(batch)}
+                return jax.vmap(one)(params, opt_state, batch, lr)
+
+            return jax.jit(step, donate_argnums=(0, 1))
+
+        self._make_step = make_step
+
+        @jax.jit
+        def val_kl(params, tokens, positions, segment_ids, teacher_logits):  # [S] sums of KL, count
+            z = jax.vmap(lambda p: apply(p, tokens, positions, segment_ids))(params)
+            kl = jax.vmap(lambda zz: teacher_metrics.kl(teacher_logits, zz))(z)
+            mask = next_token_mask(segment_ids)
+            return jnp.sum(jnp.where(mask, kl, 0.0), axis=(1, 2)), jnp.sum(mask)
+
+        @jax.jit
+        def test_sums(params, tokens, positions, segment_ids):  # per seed: teacher_metrics.sums + CE
+            t = teacher.apply(teacher.params, tokens, positions, segment_ids)
+
+            def one(p):
+                z = apply(p, tokens, positions, segment_ids)
+                values = teacher_metrics.per_position(z, {"teacher_logits": t}, k=TAIL_SHAPE_K)
+                values["cross_entropy"] = cross_entropy_per_token(z, next_token_targets(tokens))
+                return teacher_metrics.sums(values, segment_ids)
+
+            return jax.vmap(one)(params)
+
+        @jax.jit
+        def keep_best(best, params, improved):
+            return jax.tree.map(lambda b, p: jnp.where(improved.reshape((-1,) + (1,) * (p.ndim - 1)), p, b),
+                                best, params)
+
+        self.val_kl, self.test_sums, self.keep_best = val_kl, test_sums, keep_best
+
+    def step_fn(self, kind, alpha, online):
+        key = (kind, alpha, online)
+        if key not in self._steps:
+            self._steps[key] = self._make_step(kind, alpha, online)
+        return self._steps[key]
+
+
+def _stack(trees):
     import jax
     import jax.numpy as jnp
 
-    from logit_distill.train.losses import next_token_mask, next_token_targets
-
-    @jax.jit
-    def sums(tp, sp, tokens, positions, segment_ids):
-        t = jax.nn.log_softmax(teacher.apply(tp, tokens, positions, segment_ids).astype(jnp.float32), -1)
-        s = jax.nn.log_softmax(student.apply(sp, tokens, positions, segment_ids).astype(jnp.float32), -1)
-        mask = next_token_mask(segment_ids)
-        kl = jnp.sum(jnp.exp(t) * (t - s), -1)
-        ce = -jnp.take_along_axis(s, next_token_targets(tokens)[..., None], -1)[..., 0]
-        return jnp.sum(jnp.where(mask, kl, 0.0)), jnp.sum(jnp.where(mask, ce, 0.0)), jnp.sum(mask)
-
-    kl = ce = n = 0.0
-    for start in range(0, len(examples) - batch + 1, batch):
-        recs = [examples[i] for i in range(start, start + batch)]
-        arrs = [np.stack([r[k] for r in recs]) for k in ("tokens", "positions", "segment_ids")]
-        a, b, c = sums(teacher.params, student.params, *arrs)
-        kl, ce, n = kl + float(a), ce + float(b), n + float(c)
-    return {"kl": kl / n, "cross_entropy": ce / n, "positions": int(n)}
+    return jax.tree.map(lambda *x: jnp.stack(x), *trees)
 
 
-def _row_runner(teacher, stores: dict, B: int, steps: int, lr: float):
-    """``run(name, store, loss, seed) -> trained student``: train_student's step, optimizer and Grain
-    loader (``make_train_step``, ``make_optimizer``, ``loader.build_dataset``), without its checkpoints,
-    export and logging, so that each step function compiles once for all seeds."""
+def _train_row(trainer: _Trainer, name: str, size: dict, docs: dict, stores: dict, val_teacher) -> dict:
+    """Train the row's seeds together until each has converged (the stopping rule); test metrics at
+    each seed's best validation step, and the validation curve."""
     import jax
     import jax.numpy as jnp
 
-    from logit_distill.store import open_store
-    from logit_distill.train import loader as loader_mod
-    from logit_distill.train.step import make_optimizer, make_train_step
-    from logit_distill.train.losses import FIELDS
-    from logit_distill.train.schedules import learning_rate_schedule
+    store, loss = ROWS[name]
+    S, B = size["fid_seeds"], size["fid_batch"]
+    kind, alpha = (loss, 1.0) if loss else ("topk_kl", 0.0)
+    step = trainer.step_fn(kind, alpha, store == "online")
+    params = _stack([common.build(trainer.config, 100 + s).params for s in range(S)])
+    opt_state = jax.vmap(trainer.tx.init)(params)
+    best = jax.tree.map(jnp.copy, params)
+    train = docs["train"]
+    n, L = train.shape
+    base = _model_inputs(train)
+    fields = {}
+    if store not in (None, "online"):
+        per_seed = [stores[(store, s)] for s in range(S)]
+        from logit_distill.train.losses import FIELDS
 
-    tx = make_optimizer(learning_rate_schedule(lr, steps // 10, steps, 0.1), weight_decay=0.0, max_grad_norm=1.0,
-                        grad_accum=1)
-    opened = {name: open_store(uri) for name, uri in stores.items()}
-    student0 = common.build(FIDELITY_STUDENT, 100)
-    steps_fns: dict = {}
-    V = teacher.vocab_size
+        for k in FIELDS[kind] + ("tail_plogp",):
+            if k in per_seed[0] and not (k == "sample_logprobs" and "tail_plogp" in per_seed[0]):
+                parts = [st[k] for st in per_seed]
+                if k.startswith("sample_"):  # each seed's store has its own widest position
+                    width = max(x.shape[-1] for x in parts)
+                    parts = [np.pad(x, ((0, 0), (0, 0), (0, width - x.shape[-1]))) for x in parts]
+                fields[k] = np.stack(parts)  # [S, n, L, ...]
+    orders = [np.random.default_rng(1000 + s) for s in range(S)]
+    perms = [o.permutation(n) for o in orders]
+    cursor = 0
+    lr0, warmup = size["fid_lr"], size["fid_warmup"]
+    scale = np.ones(S)
+    best_val = np.full(S, np.inf)
+    since, cuts, done = np.zeros(S, int), np.zeros(S, int), np.zeros(S, bool)
+    best_step, stopped_at = np.zeros(S, int), np.zeros(S, int)
+    curve = []
+    val = _model_inputs(docs["val"])
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    steps = 0
+    for steps in range(1, size["fid_max_steps"] + 1):
+        if cursor + B > n:
+            perms = [o.permutation(n) for o in orders]
+            cursor = 0
+        idx = np.stack([p[cursor:cursor + B] for p in perms])  # [S, B]
+        cursor += B
+        batch = {k: jnp.asarray(v[idx]) for k, v in base.items()}
+        for k, v in fields.items():
+            batch[k] = jnp.asarray(v[np.arange(S)[:, None], idx])
+        lr = lr0 * min(1.0, steps / warmup) * scale * ~done
+        params, opt_state, _ = step(params, opt_state, batch, jnp.asarray(lr, jnp.float32))
+        if steps % size["fid_eval_every"]:
+            continue
+        total, count = 0.0, 0
+        for start in range(0, len(docs["val"]), 64):
+            part = {k: v[start:start + 64] for k, v in val.items()}
+            s_kl, c = trainer.val_kl(params, *part.values(), val_teacher[start:start + 64])
+            total, count = total + np.asarray(s_kl, np.float64), count + int(c)
+        v = total / count
+        curve.append([steps, [float(x) for x in v]])
+        improved = (v < best_val * (1 - size["fid_tolerance"])) & ~done
+        best = trainer.keep_best(best, params, jnp.asarray(v < best_val) & jnp.asarray(~done))
+        best_step = np.where((v < best_val) & ~done, steps, best_step)
+        best_val = np.where(~done, np.minimum(best_val, v), best_val)
+        since = np.where(improved, 0, since + 1)
+        plateau = (since >= size["fid_patience"]) & ~done
+        finished = plateau & (cuts >= size["fid_decays"])
+        cut = plateau & ~finished
+        scale = np.where(cut, scale * size["fid_decay"], scale)
+        cuts, since = cuts + cut, np.where(cut, 0, since)
+        stopped_at = np.where(finished, steps, stopped_at)
+        done |= finished
+        if len(curve) % 10 == 0:
+            log(f"fidelity: {name}: step {steps}, validation KL {', '.join(f'{x:.4f}' for x in v)}, "
+                f"learning-rate cuts {cuts.tolist()}, converged {done.tolist()}")
+        if done.all():
+            break
+    train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    stopped_at = np.where(done, stopped_at, steps)
+    sums = None
+    test = _model_inputs(docs["test"])
+    for start in range(0, len(docs["test"]), 64):
+        part = {k: v[start:start + 64] for k, v in test.items()}
+        out = {k: np.asarray(v, np.float64) for k, v in trainer.test_sums(best, *part.values()).items()}
+        sums = out if sums is None else {k: sums[k] + out[k] for k in sums}
+    metrics = {k: [float(x) for x in sums[k] / sums["count"]] for k in sums if k != "count"}
+    return {"test": metrics, "test_positions": int(sums["count"][0]), "val_curve": curve,
+            "best_val_kl": [float(x) for x in best_val], "best_step": [int(x) for x in best_step],
+            "stopped_at": [int(x) for x in stopped_at], "converged": [bool(x) for x in done],
+            "lr_cuts": [int(x) for x in cuts], "train_seconds": train_s, "train_cpu_seconds": train_cpu_s,
+            "steps_run": steps}
 
-    @jax.jit
-    def full_teacher(params, tokens, positions, segment_ids):  # online, k = V: every id, no sort needed
-        lp = jax.nn.log_softmax(teacher.apply(params, tokens, positions, segment_ids).astype(jnp.float32), -1)
-        ids = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), lp.shape)
-        return {"topk_ids": ids, "topk_logprobs": lp}
 
-    def run(name: str, store, loss, seed: int):
-        kind = loss or "topk_kl"
-        if kind not in steps_fns:
-            steps_fns[kind] = jax.jit(make_train_step(student0.apply, tx, loss=kind, temperature=1.0),
-                                      donate_argnums=(0,))
-        step = steps_fns[kind]
-        st = opened["topk64" if store in (None, "online") else store]
-        width = st.manifest["shapes"]["num_samples"] if kind == "sampled_kl" else None
-        ds = loader_mod.build_dataset(st, seed=seed, batch_size=B, num_batches=steps, sample_width=width)
-        fields = loader_mod.MODEL_FIELDS + FIELDS[kind]
-        params = common.build(FIDELITY_STUDENT, 100 + seed).params
-        state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-        alpha = jnp.float32(0.0 if loss is None else 1.0)
-        for host in loader_mod.make_iterator(ds):
-            batch = {k: jnp.asarray(host[k]) for k in fields if k in host}
-            if store == "online":
-                batch.update(full_teacher(teacher.params, batch["tokens"], batch["positions"], batch["segment_ids"]))
-            state, _ = step(state, batch, alpha)
-        student = common.build(FIDELITY_STUDENT, 100 + seed)
-        student.params = state["params"]
-        return student
-
-    return run
+# ----------------------------------------------------------------------------- the table
 
 
-def fidelity(size: dict) -> dict:
-    from logit_distill.data import write_pretokenized
-    from logit_distill.dump import DumpConfig, run_dump
-    from logit_distill.models import load_model
-    from logit_distill.sampling import sample_documents
-    from logit_distill.train.evaluate import open_eval_data
+def _paired(a: list, b: list) -> dict:
+    d = np.asarray(a) - np.asarray(b)
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return {"mean": float(d.mean()), "se": se}
+
+
+def _table(results: dict, stores_bytes: dict) -> dict:
+    ref = results[REFERENCE]["test"]["kl"]
+    ce, full = np.asarray(results["ce_only"]["test"]["kl"]), np.asarray(results["full_kd_online"]["test"]["kl"])
+    ref_bytes = stores_bytes[ROWS[REFERENCE][0]]["topk"]
+    table = {}
+    for name, r in results.items():
+        store, loss = ROWS[name]
+        kl = np.asarray(r["test"]["kl"])
+        gap = (ce - kl) / (ce - full)
+        b = stores_bytes.get(store, {})
+        row = {
+            "loss": loss or "ce (alpha 0)",
+            "bytes_per_position": b or None,
+            "bytes_over_reference": {k: v / ref_bytes for k, v in b.items()} or None,
+            "heldout_kl": float(kl.mean()),
+            "heldout_kl_per_seed": [float(x) for x in kl],
+            "kl_minus_reference": _paired(kl, ref),
+            "gap_closed": {"mean": float(gap.mean()),
+                           "se": float(gap.std(ddof=1) / math.sqrt(len(gap))) if len(gap) > 1 else float("nan")},
+        }
+        for metric in ("cross_entropy", "tail_shape_kl", "top1_agreement", "topk_mass"):
+            row[f"heldout_{metric}"] = float(np.mean(r["test"][metric]))
+        row["convergence"] = {k: r[k] for k in ("stopped_at", "best_step", "converged", "lr_cuts", "steps_run")}
+        row["train_seconds"] = r["train_seconds"]
+        row["train_cpu_seconds"] = r["train_cpu_seconds"]
+        table[name] = row
+    return table
+
+
+def _checks(table: dict) -> dict:
+    """The goal: a store of <= 48 bytes per position whose held-out KL is no worse than the reference's
+    (paired mean difference <= 2 standard errors) and that closes >= 0.95 of the gap."""
+    winners = {}
+    for name, row in table.items():
+        if not row["bytes_per_position"] or name == REFERENCE:
+            continue
+        smallest = min(row["bytes_per_position"].values())
+        d = row["kl_minus_reference"]
+        if smallest <= BYTES_GOAL:
+            winners[name] = {"bytes": smallest, "kl_minus_reference": d, "gap_closed": row["gap_closed"]["mean"],
+                             "no_worse": d["mean"] <= 2 * d["se"], "closes_95": row["gap_closed"]["mean"] >= 0.95}
+    met = [k for k, w in winners.items() if w["no_worse"] and w["closes_95"]]
+    return {"rows_within_bytes_goal": winners, "goal_met_by": met,
+            "every_kd_row_beats_ce_only": all(v["heldout_kl"] < table["ce_only"]["heldout_kl"]
+                                              for k, v in table.items() if k != "ce_only"),
+            "every_row_converged": all(all(v["convergence"]["converged"]) for v in table.values())}
+
+
+def fidelity(size: dict, rows: list[str] | None = None) -> dict:
+    import jax
 
     t_start = time.perf_counter()
-    root = common.fresh_dir("fidelity")
-    L, B, steps = size["fid_seq_len"], size["fid_batch"], size["fid_steps"]
-    n_train, n_eval, seeds, lr = size["fid_docs"], size["fid_eval_docs"], size["fid_seeds"], size["fid_lr"]
-    teacher_dir = _teacher_dir(root)
-    teacher = load_model(teacher_dir)
-    V = teacher.vocab_size
-    log(f"fidelity: sampling {n_train + n_eval} documents of {L} tokens from the teacher (vocab {V})")
-    docs = sample_documents(teacher, num_docs=n_train + n_eval, doc_len=L, seed=0, bos_id=0)
-    train_data = write_pretokenized(os.path.join(root, "train.array_record"), docs[:n_train])
-    eval_data = write_pretokenized(os.path.join(root, "eval.array_record"), docs[n_train:])
-    examples = open_eval_data(eval_data, None, seq_len=L, packing=True, vocab_size=V)
-
-    stores, store_info = {}, {}
-    for name, (selection, n) in STORES.items():
-        uri = os.path.join(root, name)
-        kw = dict(top_k=n) if selection == "topk" else dict(selection="sampled", samples=n)
-        r = run_dump(DumpConfig(teacher=teacher_dir, data=train_data, output=uri, seq_len=L, batch_size=B,
-                                steps_per_file=10_000, progress=False, **kw))
-        stores[name] = uri
-        rec_bpp, file_bpp = _store_bytes(uri)
-        store_info[name] = {"bytes_per_position": rec_bpp, "file_bytes_per_position": file_bpp,
-                            "examples": r.examples}
-        log(f"fidelity: store {name}: {rec_bpp:.1f} bytes/position")
-
-    # Teacher statistics on the held-out positions.
-    import jax
-    import jax.numpy as jnp
-
-    from logit_distill.train.losses import next_token_mask
-
-    ent, top8, top64, npos = 0.0, 0.0, 0.0, 0
-    for start in range(0, len(examples) - B + 1, B):
-        recs = [examples[i] for i in range(start, start + B)]
-        tok, pos, seg = (np.stack([r[k] for r in recs]) for k in ("tokens", "positions", "segment_ids"))
-        lp = np.asarray(jax.nn.log_softmax(teacher.apply(teacher.params, tok, pos, seg), -1), np.float64)
-        mask = np.asarray(next_token_mask(jnp.asarray(seg)))
-        p = np.exp(lp)[mask]
-        srt = np.sort(p, -1)
-        ent += float(-(p * lp[mask]).sum()); top8 += float(srt[:, -8:].sum()); top64 += float(srt[:, -64:].sum())
-        npos += int(mask.sum())
-
-    rows: dict = {name: {"kl": [], "cross_entropy": []} for name in ROWS}
-    train_s: dict = {}
-    run_row = _row_runner(teacher, stores, B, steps, lr)
-    for s in range(seeds):
-        for name, (store, loss) in ROWS.items():
-            t0 = time.perf_counter()
-            student = run_row(name, store, loss, s)
-            m = _heldout(teacher, student, examples, B)
-            rows[name]["kl"].append(m["kl"])
-            rows[name]["cross_entropy"].append(m["cross_entropy"])
-            train_s[name] = train_s.get(name, 0.0) + time.perf_counter() - t0
-            log(f"fidelity: seed {s} {name}: held-out KL {m['kl']:.4f}, CE {m['cross_entropy']:.4f} "
-                f"({time.perf_counter() - t0:.0f} s)")
-
-    ce_kl = float(np.mean(rows["ce_only"]["kl"]))
-    full_kl = float(np.mean(rows["full_kd_online"]["kl"]))
-    table = {}
-    for name, (store, loss) in ROWS.items():
-        kl, ce = np.array(rows[name]["kl"]), np.array(rows[name]["cross_entropy"])
-        info = store_info.get(store, {}) if store not in (None, "online") else {}
-        table[name] = {
-            "loss": loss or "ce (alpha 0)",
-            "bytes_per_position": info.get("bytes_per_position"),
-            "heldout_cross_entropy": float(ce.mean()),
-            "heldout_cross_entropy_sd": float(ce.std(ddof=1)) if len(ce) > 1 else 0.0,
-            "heldout_kl": float(kl.mean()),
-            "heldout_kl_sd": float(kl.std(ddof=1)) if len(kl) > 1 else 0.0,
-            "heldout_kl_per_seed": [float(x) for x in kl],
-            "gap_closed": (ce_kl - float(kl.mean())) / (ce_kl - full_kl) if ce_kl != full_kl else float("nan"),
-        }
-    n32, t64 = table["sampled_kl_n32"], table["topk_tail_kl_k64"]
-    offline = {k: v for k, v in table.items() if k not in ("ce_only", "full_kd_online")}
-    best = max(offline, key=lambda k: offline[k]["gap_closed"])
-    checks = {
-        "sampled32_over_topk_tail64_bytes": n32["bytes_per_position"] / t64["bytes_per_position"],
-        "sampled32_kl_minus_topk_tail64_kl": n32["heldout_kl"] - t64["heldout_kl"],
-        "spread_sd_of_the_two": max(n32["heldout_kl_sd"], t64["heldout_kl_sd"]),
-        "every_kd_row_beats_ce_only": all(v["heldout_kl"] < table["ce_only"]["heldout_kl"]
-                                          for k, v in table.items() if k != "ce_only"),
-        "best_offline_row": best,
-        "best_offline_gap_closed": offline[best]["gap_closed"],
-    }
+    out_dir = os.path.join(common.OUT, "fidelity")
+    cache, rows_dir = os.path.join(out_dir, "cache"), os.path.join(out_dir, "rows")
+    os.makedirs(cache, exist_ok=True)
+    os.makedirs(rows_dir, exist_ok=True)
+    rows = list(rows or size.get("fid_rows") or ROWS)
+    for required in ("ce_only", "full_kd_online", REFERENCE):
+        if required not in rows:
+            rows.insert(0, required)
+    teacher = _teacher(size)
+    docs = _documents(teacher, size, cache)
+    stats = _teacher_stats(teacher, docs["test"])
+    log(f"fidelity: teacher on the test documents: entropy {stats['entropy_nats']:.2f} nats, top-64 mass "
+        f"{stats['top64_mass']:.3f}")
+    val = _model_inputs(docs["val"])
+    val_teacher = np.concatenate([np.asarray(teacher.apply(teacher.params, *{k: v[s:s + 64] for k, v in val.items()}
+                                                           .values())) for s in range(0, len(docs["val"]), 64)])
+    val_teacher = jax.device_put(val_teacher)
+    trainer = _Trainer(teacher, size)
+    results, stores, stores_bytes = {}, {}, {}
+    for name in rows:
+        store = ROWS[name][0]
+        if store not in (None, "online"):
+            for s in range(size["fid_seeds"]):
+                seed = s if STORES[store][0] != "topk" else 0
+                if (store, s) not in stores:
+                    t0 = time.perf_counter()
+                    stores[(store, s)] = _build_store(teacher, docs["train"], store, seed, cache, _teacher_suffix(size))
+                    if time.perf_counter() - t0 > 5:
+                        log(f"fidelity: store {store} (seed {seed}) built in {time.perf_counter() - t0:.0f} s")
+            stores_bytes[store] = stores[(store, 0)]["bytes"]
+        path = os.path.join(rows_dir, f"{name}-{_row_key(name, size)}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results[name] = json.load(f)
+            log(f"fidelity: {name}: reused {path}")
+            continue
+        r = _train_row(trainer, name, size, docs, stores, val_teacher)
+        with open(path + ".tmp", "w") as f:
+            json.dump(r, f)
+        os.replace(path + ".tmp", path)
+        results[name] = r
+        log(f"fidelity: {name}: test KL {np.mean(r['test']['kl']):.4f} (per seed "
+            f"{', '.join(f'{x:.4f}' for x in r['test']['kl'])}), stopped at {r['stopped_at']}, "
+            f"{r['train_seconds']:.0f} s ({r['train_cpu_seconds']:.0f} s of CPU)")
+        later = {ROWS[r][0] for r in rows[rows.index(name) + 1:]}
+        for key in [k for k in stores if k[0] not in later]:
+            del stores[key]  # a store no later row reads
+    table = _table(results, stores_bytes)
     return {
         "fidelity": {
             "value": table,
             "details": {
-                "checks": checks,
-                "teacher": f"Qwen3-style, 2 layers, width 64, vocab {V}, LM head x{FIDELITY_HEAD_SCALE:g}",
-                "student": "the same architecture, its own random init per seed",
-                "training": "train_student's step, AdamW and Grain loader (bench/fidelity_bench.py); online full "
-                            "KD: topk_kl over all V ids of the teacher run on each batch",
-                "teacher_heldout_entropy_nats": ent / npos,
-                "teacher_heldout_top8_mass": top8 / npos,
-                "teacher_heldout_top64_mass": top64 / npos,
-                "heldout_positions": npos,
-                "train_documents": n_train, "eval_documents": n_eval, "seq_len": L, "batch_size": B,
-                "steps": steps, "learning_rate": lr, "seeds": seeds, "alpha": 1.0, "temperature": 1.0,
-                "stores": store_info,
-                "bytes": "encoded record bytes / positions (default codec); file_bytes_per_position adds "
-                         "ArrayRecord's block padding of these small one-chunk stores",
-                "spread": "sd over seeds (student init and shuffle); the stores' draws are fixed (dump seed 0)",
-                "seconds": {"total": time.perf_counter() - t_start, **{k: round(v, 1) for k, v in train_s.items()}},
+                "checks": _checks(table),
+                "reference": REFERENCE,
+                "teacher": f"Qwen3-style, 2 layers, width 64, vocab {size['fid_vocab']}, LM head "
+                           f"x{size['fid_head_scale']:g}",
+                "student": f"Qwen3-style, {size['fid_student_layers']} layer(s), width {size['fid_student_width']}, "
+                           "its own random init per seed",
+                "teacher_test_entropy_nats": stats["entropy_nats"],
+                "teacher_test_top8_mass": stats["top8_mass"],
+                "teacher_test_top64_mass": stats["top64_mass"],
+                "test_positions": stats["positions"],
+                "settings": {k: size[k] for k in SETTINGS},
+                "stopping_rule": (
+                    f"every {size['fid_eval_every']} steps the validation KL(teacher || student) over the full "
+                    f"vocabulary; {size['fid_patience']} evaluations without a relative improvement of "
+                    f"{size['fid_tolerance']:g} on the best is a plateau; a plateau multiplies the learning rate "
+                    f"by {size['fid_decay']:g}; the plateau after {size['fid_decays']} cuts stops the seed; "
+                    f"figures at each seed's best validation step (at most {size['fid_max_steps']} steps)"),
+                "curves": {name: r["val_curve"] for name, r in results.items()},
+                "bytes": "encoded record bytes / positions (header, runs and tokens included); 'compact': the "
+                         "same draws without their log-probs, with the teacher's sum p log p per position",
+                "spread": "paired by seed: mean over seeds of (row - reference) and its standard error; a seed "
+                          "sets the student's init, its shuffle and the draws of a sampled store",
+                "seconds": {"total": time.perf_counter() - t_start,
+                            **{k: round(r["train_seconds"], 1) for k, r in results.items()}},
+                "cpu_seconds": {k: round(r["train_cpu_seconds"], 1) for k, r in results.items()},
             },
         }
     }
+
+
+def main(argv=None) -> int:
+    """``python -m bench.fidelity_bench [--rows a,b] [--set key=value ...]``: the group alone, printing
+    the table as JSON (bench.run --only fidelity writes it to bench/results.json)."""
+    import argparse
+
+    from .run import SIZES
+
+    p = argparse.ArgumentParser(prog="python -m bench.fidelity_bench")
+    p.add_argument("--rows", default=None)
+    p.add_argument("--full", action="store_true")
+    p.add_argument("--set", action="append", default=[], help="key=value overriding a fid_* size")
+    p.add_argument("--out", default=None, help="write the result JSON here")
+    args = p.parse_args(argv)
+    size = dict(SIZES["full" if args.full else "quick"])
+    for item in args.set:
+        key, value = item.split("=", 1)
+        size[key] = type(size[key])(value) if key in size else json.loads(value)
+    result = fidelity(size, args.rows.split(",") if args.rows else None)
+    text = json.dumps(result, indent=1, default=float)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(json.dumps({k: {m: v[m] for m in ("heldout_kl", "kl_minus_reference", "gap_closed", "bytes_per_position",
+                                             "heldout_tail_shape_kl", "heldout_top1_agreement")}
+                      for k, v in result["fidelity"]["value"].items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    common.setup_environment()
+    raise SystemExit(main())

@@ -248,58 +248,70 @@ def render(doc: dict) -> str:
 
 FIDELITY_LABELS = {
     "ce_only": "CE only (alpha 0)",
-    "full_kd_online": "full distribution, online (k = V, reference)",
+    "full_kd_online": "full distribution, online (`full_kl`)",
     "topk_kl_k64": "`topk_kl`, k = 64",
     "topk_tail_kl_k8": "`topk_tail_kl`, k = 8",
-    "topk_tail_kl_k64": "`topk_tail_kl`, k = 64",
-    "sampled_kl_n16": "`sampled_kl`, N = 16",
-    "sampled_kl_n32": "`sampled_kl`, N = 32",
-    "sampled_kl_n64": "`sampled_kl`, N = 64",
+    "topk_tail_kl_k64": "`topk_tail_kl`, k = 64 (reference)",
+    "sampled_kl_n32": "`sampled_kl`, N = 32 independent draws",
+    "sampled_kl_n64": "`sampled_kl`, N = 64 independent draws",
+    "systematic_kl_n32": "`sampled_kl`, N = 32 systematic draws",
+    "systematic_kl_n64": "`sampled_kl`, N = 64 systematic draws",
+    "hybrid_kl_k4_n16": "`hybrid_kl`, top-4 + 16 tail draws",
+    "hybrid_kl_k8_n8": "`hybrid_kl`, top-8 + 8 tail draws",
 }
 
 
+def _pm(d: dict, digits: int = 3) -> str:
+    return f"{d['mean']:+.{digits}f} ± {d['se']:.{digits}f}"
+
+
 def _fidelity_section(r: dict | None) -> list[str]:
-    """The fidelity-per-byte table: one row per store/loss, means and sd over the seeds."""
+    """The fidelity-per-byte table at convergence: one row per store/loss, paired by seed."""
     if not r:
         return []
     d, rows = r["details"], r["value"]
     c = d["checks"]
     lines = [
         "",
-        "## Fidelity per byte (`fidelity`)",
+        "## Fidelity per byte at convergence (`fidelity`)",
         "",
-        f"Teacher: {d['teacher']} (held-out entropy {d['teacher_heldout_entropy_nats']:.2f} nats, top-8 mass "
-        f"{d['teacher_heldout_top8_mass']:.3f}, top-64 mass {d['teacher_heldout_top64_mass']:.3f}); student: "
-        f"{d['student']}. Data sampled from the teacher: {d['train_documents']} training and {d['eval_documents']} "
-        f"held-out documents of {d['seq_len']} tokens; every row {d['steps']} steps of batch {d['batch_size']}, "
-        f"learning rate {d['learning_rate']:g}, alpha {d['alpha']:g} (CE only: 0), T {d['temperature']:g}, the "
-        f"same seeds; {d['seeds']} seeds, mean ± sd ({d['spread']}). Bytes: {d['bytes']}. Held-out KL is the "
-        f"full-vocabulary KL(teacher || student) per position; gap closed = (CE only - row) / (CE only - full) "
-        "on that KL.",
+        f"Teacher: {d['teacher']} (test entropy {d['teacher_test_entropy_nats']:.2f} nats, top-8 mass "
+        f"{d['teacher_test_top8_mass']:.3f}, top-64 mass {d['teacher_test_top64_mass']:.3f}); student: "
+        f"{d['student']}. Data sampled from the teacher; settings {d['settings']}. Stopping rule: "
+        f"{d['stopping_rule']}. Bytes: {d['bytes']}. Spread: {d['spread']}. KL is the full-vocabulary "
+        f"KL(teacher || student) per test position; gap closed = (CE only - row) / (CE only - full), per seed; "
+        f"tail-shape KL: teacher and student renormalised outside the teacher's top 64.",
         "",
-        "| row | bytes / position | held-out CE (nats) | held-out KL (nats) | gap closed |",
-        "| --- | --- | --- | --- | --- |",
+        "| row | bytes / position | x reference | test KL | KL - reference | gap closed | tail-shape KL | "
+        "top-1 agreement | mass on teacher's top 64 | test CE | stopped at (steps) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, row in rows.items():
-        b = row["bytes_per_position"]
-        lines.append(f"| {FIDELITY_LABELS.get(key, key)} | {'-' if b is None else f'{b:.1f}'} | "
-                     f"{row['heldout_cross_entropy']:.3f} ± {row['heldout_cross_entropy_sd']:.3f} | "
-                     f"{row['heldout_kl']:.3f} ± {row['heldout_kl_sd']:.3f} | {row['gap_closed']:.2f} |")
+        b, x = row["bytes_per_position"], row["bytes_over_reference"]
+        conv = row["convergence"]
+        lines.append(
+            f"| {FIDELITY_LABELS.get(key, key)} | "
+            f"{'-' if not b else ', '.join(f'{v:.1f} ({k})' for k, v in b.items())} | "
+            f"{'-' if not x else ', '.join(f'{v:.3f}' for v in x.values())} | {row['heldout_kl']:.3f} | "
+            f"{_pm(row['kl_minus_reference'])} | {_pm(row['gap_closed'], 2)} | {row['heldout_tail_shape_kl']:.3f} | "
+            f"{row['heldout_top1_agreement']:.3f} | {row['heldout_topk_mass']:.3f} | "
+            f"{row['heldout_cross_entropy']:.3f} | {', '.join(str(s) for s in conv['stopped_at'])}"
+            f"{'' if all(conv['converged']) else ' (**not converged**)'} |")
+    within = c["rows_within_bytes_goal"]
     lines += [
         "",
-        f"- `sampled_kl` N = 32 over `topk_tail_kl` k = 64 in bytes per position: "
-        f"{c['sampled32_over_topk_tail64_bytes']:.3f} (goal <= 0.2: "
-        f"{'met' if c['sampled32_over_topk_tail64_bytes'] <= 0.2 else '**not met**'}); its held-out KL minus "
-        f"k = 64's: {c['sampled32_kl_minus_topk_tail64_kl']:+.4f} (spread: sd {c['spread_sd_of_the_two']:.4f}; "
-        f"{'no worse' if c['sampled32_kl_minus_topk_tail64_kl'] <= 2 * c['spread_sd_of_the_two'] else '**worse**'}"
-        " within 2 sd).",
-        f"- every KD row beats CE only on held-out KL: {'yes' if c['every_kd_row_beats_ce_only'] else '**no**'}; "
-        f"best offline row {FIDELITY_LABELS.get(c['best_offline_row'], c['best_offline_row'])} closes "
-        f"{c['best_offline_gap_closed']:.2f} of the gap (goal >= 0.9: "
-        f"{'met' if c['best_offline_gap_closed'] >= 0.9 else '**not met**'}).",
-        f"- seconds per row (all seeds, incl. compile and held-out evaluation): "
-        + ", ".join(f"{k} {v}" for k, v in d["seconds"].items() if k != "total")
-        + f"; the whole group {d['seconds']['total']:.0f} s on a shared machine.",
+        "- Goal: a store of <= 48 bytes per position whose test KL is no worse than the reference's (paired "
+        "mean difference <= 2 standard errors) and that closes >= 0.95 of the gap: "
+        + (f"met by {', '.join(FIDELITY_LABELS.get(k, k) for k in c['goal_met_by'])}." if c["goal_met_by"]
+           else "**not met**.")
+        + " Rows within 48 bytes: "
+        + "; ".join(f"{FIDELITY_LABELS.get(k, k)} {w['bytes']:.1f} B, KL - reference {_pm(w['kl_minus_reference'])}, "
+                    f"gap closed {w['gap_closed']:.2f}" for k, w in within.items()) + ".",
+        f"- every KD row beats CE only: {'yes' if c['every_kd_row_beats_ce_only'] else '**no**'}; every row "
+        f"converged by the stopping rule: {'yes' if c['every_row_converged'] else '**no**'}.",
+        "- training seconds per row (all seeds together, wall on a shared machine; CPU seconds in brackets): "
+        + ", ".join(f"{k} {v} ({d['cpu_seconds'].get(k, '?')})" for k, v in d["seconds"].items() if k != "total")
+        + f"; the whole group {d['seconds']['total']:.0f} s.",
         "",
     ]
     return lines

@@ -89,6 +89,12 @@ class Param:
         return None
 
 
+# The --loss choices of training from a store (the full_* losses need an online teacher).
+OFFLINE_LOSSES = ("topk_kl", *(f"topk_tail_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl",
+                                                         "tv")),
+                  *(f"sampled_{d}" for d in ("kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")))
+
+
 def _to(*components: str, **renamed: str) -> dict[str, str]:
     """Components fed under the parameter's own name, plus ``component=input_name`` renames."""
     out = {c: "" for c in components}
@@ -220,7 +226,7 @@ PARAMS: tuple[Param, ...] = (
           variants=ALL, group="train"),
     Param("loss", str, "", "KD loss (docs/LOSSES.md); empty: the store's default, topk_tail_kl for a top-k "
           "store, sampled_kl for a sampled one.", _to(TRAIN, TRAIN_PLAN),
-          choices=("", "topk_kl", "topk_tail_kl", "sampled_kl"), variants=ALL, group="train"),
+          choices=("", *OFFLINE_LOSSES), variants=ALL, group="train"),
     Param("alpha", float, 1.0, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
           _to(TRAIN, TRAIN_PLAN), min=0.0, max=1.0, variants=ALL, group="train"),
     Param("alpha_end", float, -1.0, "alpha at the last step with a linear or cosine alpha_schedule "

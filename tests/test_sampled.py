@@ -171,7 +171,7 @@ def test_sampled_kl_matches_float64_reference():
     ids, counts, lp = (np.asarray(out[k][0]) for k in ("sample_ids", "sample_counts", "sample_logprobs"))
     for T, t in ((1.0, 1.0), (2.0, 2.0), (2.0, 1.0)):
         got = np.asarray(L.sampled_kl_per_token(z, ids[None], counts[None], lp[None], temperature=T,
-                                                proposal_temperature=t))[0]
+                                                proposal_temperature=t, allow_biased_temperature=T != t))[0]
         for j in range(Lq):
             u = counts[j] > 0
             lpj = lp[j][u].astype(np.float64)
@@ -273,8 +273,8 @@ def test_accumulation_is_token_weighted():
 # ------------------------------------------------------------------ training
 
 
-def test_train_offline_and_online_sampled(setup, tmp_path):
-    from logit_distill.train import train_student
+def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
+    from logit_distill.train import epochs, teacher_metrics, train_student
     from logit_distill.train.loader import OnlineSource
     from logit_distill.selection import make_teacher_sampled
     from logit_distill.models import load_model
@@ -283,10 +283,40 @@ def test_train_offline_and_online_sampled(setup, tmp_path):
     ref = str(tmp_path / "ref")
     run_dump(_config(setup, ref, codec="exact"))
     common = dict(student="preset:tiny-qwen3@1", num_steps=2, batch_size=4, progress=False, grad_accum=2)
-    r = train_student(TrainConfig(store=ref, output=str(tmp_path / "off"), **common))
+    r = train_student(TrainConfig(store=ref, output=str(tmp_path / "off"), eval_store=ref, max_eval_examples=8,
+                                  **common))
     assert np.isfinite(r.metrics["kd_loss"]) and r.metrics["kd_loss"] > 0
+    assert "--eval-store is the training store" in capfd.readouterr().err
+    # --eval-store on a sampled store: the KL estimated from its draws, as teacher_metrics computes it.
+    s = store.open_store(ref)
+    width = s.manifest["shapes"]["num_samples"]
+    recs = [s.read(i) for i in range(8)]
+    pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[-1])))  # noqa: E731
+    b = {k: np.stack([rec[k] if k in ("tokens", "positions", "segment_ids") else pad(rec[k]) for rec in recs])
+         for k in ("tokens", "positions", "segment_ids", "sample_ids", "sample_counts", "sample_logprobs")}
+    student = load_model(r.hf_dir)
+    values = teacher_metrics.per_position(student.apply(student.params, b["tokens"], b["positions"],
+                                                        b["segment_ids"]), b)
+    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, b["segment_ids"])))
+    assert r.eval["teacher"]["kl_draws"] == pytest.approx(want["kl_draws"], rel=1e-4)
+    assert r.eval["teacher"]["count"] == want["count"]
+    with pytest.raises(InputError, match="does not fit"):
+        train_student(TrainConfig(store=ref, output=str(tmp_path / "bad"), loss="topk_tail_jsd", **common))
     with pytest.raises(InputError, match="does not fit"):
         train_student(TrainConfig(store=ref, output=str(tmp_path / "bad"), loss="topk_tail_kl", **common))
+    with pytest.raises(InputError, match="biased"):  # T != the store's proposal temperature
+        train_student(TrainConfig(store=ref, output=str(tmp_path / "hot"), temperature=2.0, **common))
+    assert not os.path.exists(tmp_path / "hot")
+    capfd.readouterr()
+    with pytest.raises(InputError, match="sampled_jsd needs temperature 1"):
+        train_student(TrainConfig(store=ref, output=str(tmp_path / "hot"), temperature=2.0, loss="sampled_jsd",
+                                  allow_biased_temperature=True, **common))
+    assert not os.path.exists(tmp_path / "hot")
+    from logit_distill.train.plan import plan_training
+
+    hot = plan_training(TrainConfig(store=ref, output=str(tmp_path / "hot2"), temperature=2.0,
+                                    allow_biased_temperature=True, **common))  # accepted, with the measured bias
+    assert hot.settings["allow_biased_temperature"] and any("gradient is biased by about" in w for w in hot.warnings)
     # Online sampling with the dump's keys gives the stored draws.
     teacher = load_model(setup["teacher"])
     ex = ExampleSource.open(setup["data"], teacher.tokenizer_path, seq_len=32, packing=True, seed=0)
@@ -301,9 +331,18 @@ def test_train_offline_and_online_sampled(setup, tmp_path):
         S = rec["sample_ids"].shape[1]
         np.testing.assert_array_equal(np.asarray(out["sample_ids"][j])[:, :S], rec["sample_ids"])
         np.testing.assert_array_equal(np.asarray(out["sample_counts"][j])[:, :S], rec["sample_counts"])
+    # Online draws change per epoch: 16 examples read from 8, the second epoch keyed as examples 8..15.
+    seen = []
+    draw_index = epochs.draw_index
+    monkeypatch.setattr(epochs, "draw_index", lambda *a: seen.append((np.asarray(a[0]), draw_index(*a))) or seen[-1][1])
     on = train_student(TrainConfig(teacher=setup["teacher"], data=setup["data"], seq_len=32, samples=16, loss="sampled_kl",
-                       output=str(tmp_path / "on"), **common))
+                       num_examples=8, output=str(tmp_path / "on"), **common))
     assert np.isfinite(on.metrics["kd_loss"])
+    examples = np.concatenate([e for e, _ in seen])
+    keys = np.concatenate([k for _, k in seen]).astype(np.int64)
+    assert len(examples) == 16 and sorted(examples[:8]) == list(range(8)) and sorted(examples[8:]) == list(range(8))
+    np.testing.assert_array_equal(keys[:8], examples[:8])  # epoch 0: the dump's draws
+    np.testing.assert_array_equal(keys[8:], examples[8:] + 8)
 
 
 def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):

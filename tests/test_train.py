@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -54,7 +55,8 @@ def kd_run(setup, tmp_path_factory):
         mp.setenv("LOGIT_DISTILL_CACHE", str(setup["root"] / "cache"))
         result = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=out, num_steps=KD_STEPS,
                                batch_size=8, learning_rate=1e-2, loss="topk_kl", alpha=0.5,
-                               eval_data=setup["eval_data"], checkpoint_every=20, log_every=1, progress=False))
+                               eval_data=setup["eval_data"], eval_teacher=setup["teacher"], checkpoint_every=20,
+                               log_every=1, progress=False))
     return result
 
 
@@ -319,6 +321,74 @@ def test_argument_errors(setup, tmp_path):
     _no_step_taken(out)
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(loss="full_kl"), "whole distribution, which no store holds"),
+    (dict(loss="sampled_jsd"), "does not fit"),  # a top-k store
+    (dict(loss="sampled_reverse_kl"), "is not one of"),
+    (dict(loss="topk_tail_jsd", jsd_beta=1.0), "--jsd-beta must be a finite number in"),
+    (dict(loss="topk_tail_kl", allow_biased_temperature=True), "applies to the sampled_"),
+    (dict(eval_teacher="x"), "--eval-teacher runs the teacher on --eval-data"),
+    (dict(eval_store="x", eval_data="y"), "--eval-store holds its own"),
+    (dict(online=True, loss="full_kl", top_k=TOP_K), "drop --top-k"),
+    (dict(online=True, loss="topk_tail_kl", samples=4), "--samples applies to the sampled_"),
+])
+def test_loss_and_evaluation_refusals(setup, tmp_path, kw, match):
+    out = str(tmp_path / "o")
+    data = (dict(teacher=setup["teacher"], data=setup["train_data"], seq_len=SEQ_LEN) if kw.pop("online", False)
+            else dict(store=setup["store"]))
+    with pytest.raises(InputError, match=match):
+        train_student(TrainConfig(student=setup["student"], output=out, num_steps=1, batch_size=4, **data, **kw))
+    assert not os.path.exists(out)
+
+
+def test_teacher_relative_evaluation_equals_teacher_metrics(setup, kd_run):
+    """eval.json's measures against --eval-teacher are teacher_metrics' over the held-out positions."""
+    from logit_distill.data import ExampleSource
+    from logit_distill.train import teacher_metrics
+
+    got = kd_run.eval["teacher"]
+    assert got["against"] == f"teacher {setup['teacher']}" and got["k"] == TOP_K
+    teacher, student = load_model(setup["teacher"]), load_model(kd_run.hf_dir)
+    ex = ExampleSource.open(setup["eval_data"], None, seq_len=SEQ_LEN, packing=True, seed=0)
+    rows = ex.batch(list(range(len(ex))))
+    args = [rows[k] for k in ("tokens", "positions", "segment_ids")]
+    values = teacher_metrics.per_position(student.apply(student.params, *args),
+                                          {"teacher_logits": teacher.apply(teacher.params, *args)}, k=TOP_K)
+    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, rows["segment_ids"])))
+    assert set(want) == {"kl", "top1_agreement", "topk_mass", "tail_shape_kl", "count"}
+    for name, value in want.items():
+        assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    assert got["count"] == kd_run.eval["num_tokens"]
+    report = open(os.path.join(kd_run.output, "report.md")).read()
+    assert f"top-1 agreement {got['top1_agreement']:.1%}" in report and "tail-shape KL" in report
+
+
+@pytest.mark.slow  # an online run with the teacher's whole vocabulary: its own compile (about 30 s here)
+def test_online_full_vocabulary_divergence_and_eval_store(setup, tmp_path):
+    """An online full_* loss trains; --eval-store measures against a store's k + 1 bins."""
+    from logit_distill.train import teacher_metrics
+
+    r = train_student(TrainConfig(teacher=setup["teacher"], data=setup["train_data"], seq_len=SEQ_LEN,
+                                  loss="full_jsd", jsd_beta=0.3, student=setup["student"], output=str(tmp_path / "o"),
+                                  num_steps=1, batch_size=4, eval_store=setup["store"], max_eval_examples=8,
+                                  progress=False))
+    assert np.isfinite(r.metrics["kd_loss"]) and r.metrics["kd_loss"] > 0
+    settings = json.load(open(os.path.join(r.output, "train_config.json")))
+    assert settings["loss"] == "full_jsd" and settings["jsd_beta"] == 0.3
+    got = r.eval["teacher"]
+    st = store_mod.open_store(setup["store"])
+    recs = [st.read(i) for i in range(8)]
+    b = {k: np.stack([rec[k] for rec in recs]) for k in ("tokens", "positions", "segment_ids", "topk_ids",
+                                                         "topk_logprobs", "tail_logprob")}
+    student = load_model(r.hf_dir)
+    logits = student.apply(student.params, b["tokens"], b["positions"], b["segment_ids"])
+    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(teacher_metrics.per_position(logits, b),
+                                                                     b["segment_ids"])))
+    assert set(want) == {"kl_bins", "top1_agreement", "topk_mass", "count"} and got["k"] == TOP_K
+    for name, value in want.items():
+        assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
 def _subparser(name):
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.dest == "command"]
@@ -331,7 +401,8 @@ def test_cli_help_and_error_exit(setup, tmp_path, capsys):
     for flag in ("--store", "--teacher", "--data", "--top-k", "--seq-len", "--student", "--output",
                  "--num-steps", "--batch-size", "--learning-rate", "--warmup-steps", "--seed", "--loss",
                  "--alpha", "--alpha-end", "--alpha-schedule", "--temperature", "--checkpoint-every",
-                 "--eval-data", "--grad-accum"):
+                 "--eval-data", "--grad-accum", "--eval-teacher", "--eval-store", "--allow-biased-temperature",
+                 "--jsd-beta", "--skew"):
         assert flag in help_text
     s = _synthetic_store(str(tmp_path / "s"), vocab_size=300)
     rc = cli_main(["train", "--store", s, "--student", setup["student"], "--output", str(tmp_path / "o"),

@@ -10,6 +10,10 @@ import sys
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from .flags import finite_float, nonnegative_float, positive_float, positive_float_or_none
 
+# The --loss choices (losses.KINDS), spelled out here so that --help needs no JAX import.
+LOSS_CHOICES = ("topk_kl", *(f"topk_tail_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")),
+                *(f"sampled_{d}" for d in ("kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")),
+                *(f"full_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")))
 HELP = "train a student from a logit store (or a teacher in the loop)"
 DESCRIPTION = """\
 Train a student from a logit store (offline), or from a teacher run in the loop
@@ -65,11 +69,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-grad-norm", type=positive_float_or_none, default=1.0,
                    help="gradient clipping by global norm, > 0, or 'none' for no clipping (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the training shuffle (default 0)")
-    p.add_argument("--loss", choices=("topk_tail_kl", "topk_kl", "sampled_kl"), default=None,
-                   help="KD loss: KL over top-k + a tail bin, KL over the top-k ids only, or the importance-"
-                        "weighted KL of sampled ids (default: topk_tail_kl for a top-k store, topk_kl for one "
-                        "whose top-k is the whole vocabulary (exact there), sampled_kl for a sampled store; "
-                        "docs/LOSSES.md)")
+    p.add_argument("--loss", choices=LOSS_CHOICES, default=None, metavar="LOSS",
+                   help="KD loss, <teacher values>_<divergence>: topk_kl (KL over the top-k ids only), "
+                        "topk_tail_D (the k + 1 bins of a top-k store, or an online --top-k teacher), sampled_D "
+                        "(the draws of a sampled store, or an online --samples teacher), full_D (online only: the "
+                        "teacher's whole vocabulary); D is kl, reverse_kl, jsd, skew_kl, skew_reverse_kl or tv "
+                        "(no sampled_reverse_kl: it has no estimator from draws). Default: topk_tail_kl for a "
+                        "top-k store, topk_kl for one whose top-k is the whole vocabulary (exact there), "
+                        "sampled_kl for a sampled store; docs/LOSSES.md")
+    p.add_argument("--jsd-beta", type=finite_float, default=0.5,
+                   help="the *_jsd losses: weight beta in (0, 1) of the mixture beta p + (1 - beta) q (GKD's "
+                        "generalized JSD; default 0.5)")
+    p.add_argument("--skew", type=finite_float, default=0.1,
+                   help="the *_skew_kl / *_skew_reverse_kl losses: mixture weight in (0, 1) (default 0.1)")
+    p.add_argument("--allow-biased-temperature", action="store_true",
+                   help="a sampled_* loss at a --temperature other than the draws' proposal temperature "
+                        "(refused by default: the importance weights are then self-normalised, a biased "
+                        "gradient); the run logs the bias measured for its number of draws")
     p.add_argument("--alpha", type=finite_float, default=1.0,
                    help="weight of the KD loss in [0, 1]: loss = alpha * KD + (1 - alpha) * CE; 0 trains on CE only "
                         "(default 1); the start value of a schedule")
@@ -86,7 +102,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(refused by default); the HF export then ships the student's tokenizer")
     p.add_argument("--eval-data", help="held-out data (JSONL or pre-tokenized ArrayRecord): student cross-entropy "
                                        "and perplexity after training, written to <output>/eval.json")
-    p.add_argument("--max-eval-examples", type=int, help="evaluate on at most N examples of --eval-data")
+    p.add_argument("--eval-teacher",
+                   help="with --eval-data: a teacher (HF checkpoint dir or preset:NAME) run on it after training: "
+                        "KL(teacher || student) over the full vocabulary, top-1 agreement, the student's mass on "
+                        "the teacher's top-k and the tail-shape KL outside it (k: the run's top-k, else 64), "
+                        "in eval.json, report.md and TensorBoard")
+    p.add_argument("--eval-store",
+                   help="a held-out logit store (same teacher and --seq-len, not the training store) evaluated "
+                        "after training: cross-entropy and, against its teacher values, the KL over its k + 1 "
+                        "bins (a lower bound), top-1 agreement and top-k mass (a top-k store) or the KL "
+                        "estimated from its draws (a sampled store at proposal temperature 1); excludes "
+                        "--eval-data")
+    p.add_argument("--max-eval-examples", type=int,
+                   help="evaluate on at most N examples of --eval-data or --eval-store")
     p.add_argument("--param-sharding", choices=("replicate", "fsdp"), default="replicate",
                    help="parameters and optimizer state replicated on every device, or split (fsdp)")
     p.add_argument("--log-every", type=int, default=None,
@@ -114,9 +142,10 @@ def config_from_args(args: argparse.Namespace):
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, end_lr_fraction=args.end_lr_fraction,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, grad_accum=args.grad_accum, seed=args.seed,
         param_sharding=args.param_sharding, loss=args.loss, alpha=args.alpha, alpha_end=args.alpha_end,
-        alpha_schedule=args.alpha_schedule, temperature=args.temperature,
-        allow_tokenizer_mismatch=args.allow_tokenizer_mismatch, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, eval_data=args.eval_data, max_eval_examples=args.max_eval_examples,
+        alpha_schedule=args.alpha_schedule, temperature=args.temperature, jsd_beta=args.jsd_beta, skew=args.skew,
+        allow_biased_temperature=args.allow_biased_temperature, allow_tokenizer_mismatch=args.allow_tokenizer_mismatch, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints, eval_data=args.eval_data, eval_teacher=args.eval_teacher,
+        eval_store=args.eval_store, max_eval_examples=args.max_eval_examples,
         log_every=args.log_every, progress=args.progress, report=args.report, force_takeover=args.force_takeover,
         lease_timeout_s=args.lease_timeout,
     )

@@ -13,7 +13,7 @@ import math
 
 from ..errors import InputError
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
-from .losses import KINDS
+from .losses import KINDS, representation
 from .schedules import ALPHA_KINDS
 
 SHARDING_MODES = ("replicate", "fsdp")
@@ -53,11 +53,16 @@ class TrainConfig:
     alpha_end: float | None = None
     alpha_schedule: str = "constant"
     temperature: float = 1.0
+    allow_biased_temperature: bool = False  # a sampled loss at T != the draws' t (self-normalised weights)
+    jsd_beta: float = 0.5  # the *_jsd losses' mixture weight
+    skew: float = 0.1  # the *_skew_* losses' mixture weight
     allow_tokenizer_mismatch: bool = False
     # outputs
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     eval_data: str | None = None
+    eval_teacher: str | None = None  # teacher-relative evaluation on --eval-data, over the full vocabulary
+    eval_store: str | None = None  # teacher-relative evaluation on a held-out store's records
     max_eval_examples: int | None = None
     log_every: int | None = None  # default: about LOG_LINES rows per run
     progress: bool = True
@@ -67,12 +72,14 @@ class TrainConfig:
 
     @classmethod
     def from_flat(cls, *, warmup_steps: int = -1, loss: str = "", alpha_end: float = -1.0, eval_data: str = "",
-                  max_eval_examples: int = 0, **fields) -> "TrainConfig":
+                  max_eval_examples: int = 0, eval_teacher: str = "", eval_store: str = "",
+                  **fields) -> "TrainConfig":
         """The config of settings given flat, every one set (the pipeline's parameters): -1, 0 or "" for
         "unset" (the default)."""
         return cls(warmup_steps=None if warmup_steps < 0 else warmup_steps, loss=loss or None,
                    alpha_end=None if alpha_end < 0 else alpha_end, eval_data=eval_data or None,
-                   max_eval_examples=max_eval_examples or None, **fields)
+                   max_eval_examples=max_eval_examples or None, eval_teacher=eval_teacher or None,
+                   eval_store=eval_store or None, **fields)
 
     @property
     def online(self) -> bool:
@@ -90,7 +97,7 @@ class TrainConfig:
     def inputs(self) -> dict:
         """The input paths by flag (the output must not overlap them)."""
         return {"--store": self.store, "--teacher": self.teacher, "--data": self.data, "--student": self.student,
-                "--eval-data": self.eval_data}
+                "--eval-data": self.eval_data, "--eval-teacher": self.eval_teacher, "--eval-store": self.eval_store}
 
     def check(self) -> "TrainConfig":
         """Every setting on its own and against the others (nothing is read); InputError naming the flag."""
@@ -111,6 +118,8 @@ class TrainConfig:
         _check_floats(self)
         if self.loss is not None and self.loss not in KINDS:
             raise InputError(f"--loss {self.loss!r} is not one of {', '.join(KINDS)}")
+        if self.allow_biased_temperature and self.loss is not None and representation(self.loss) != "sampled":
+            raise InputError(f"--allow-biased-temperature applies to the sampled_* losses, not --loss {self.loss}")
         if self.alpha_schedule not in ALPHA_KINDS:
             raise InputError(f"--alpha-schedule {self.alpha_schedule!r} is not one of {', '.join(ALPHA_KINDS)}")
         if self.alpha_schedule == "constant" and self.alpha_end is not None and self.alpha_end != self.alpha:
@@ -118,15 +127,27 @@ class TrainConfig:
                              "linear or cosine to change alpha over training")
         if self.param_sharding not in SHARDING_MODES:
             raise InputError(f"--param-sharding {self.param_sharding!r} is not one of {', '.join(SHARDING_MODES)}")
-        if self.eval_data is None and self.max_eval_examples is not None:
-            raise InputError("--max-eval-examples applies to --eval-data; give --eval-data or drop it")
+        self._check_eval()
         if self.text_field is not None and (not isinstance(self.text_field, str) or not self.text_field):
             raise InputError(f"--text-field must be a non-empty name, got {self.text_field!r}")
         self._check_mode()
         return self
 
+    def _check_eval(self) -> None:
+        if self.eval_store is not None and (self.eval_data is not None or self.eval_teacher is not None):
+            raise InputError("--eval-store holds its own held-out examples and the teacher's values on them; give "
+                             "--eval-store alone, or --eval-data (with --eval-teacher for the teacher's measures)")
+        if self.eval_teacher is not None and self.eval_data is None:
+            raise InputError("--eval-teacher runs the teacher on --eval-data; give --eval-data too")
+        if self.eval_data is None and self.eval_store is None and self.max_eval_examples is not None:
+            raise InputError("--max-eval-examples applies to --eval-data or --eval-store; give one or drop it")
+
     def _check_mode(self) -> None:
         online_only = {"teacher": self.teacher, "data": self.data, "top_k": self.top_k, "seq_len": self.seq_len}
+        rep = None if self.loss is None else representation(self.loss)
+        if rep == "full" and not self.online:
+            raise InputError(f"--loss {self.loss} needs the teacher's whole distribution, which no store holds: "
+                             "train online (--teacher, --data, --seq-len), or use a topk_tail_* loss on a top-k store")
         if not self.online:
             given = [f"--{k.replace('_', '-')}" for k, v in online_only.items() if v is not None]
             if given:
@@ -137,12 +158,17 @@ class TrainConfig:
             if self.num_examples is not None:
                 raise InputError("--num-examples is for online training; a store holds what it holds")
             return
-        sampled = self.samples is not None or self.loss == "sampled_kl"
-        if sampled:
-            if self.loss not in (None, "sampled_kl"):
-                raise InputError("--samples applies to --loss sampled_kl")
+        sampled = self.samples is not None or rep == "sampled"
+        if rep == "full":
+            given = [f for f, v in (("--top-k", self.top_k), ("--samples", self.samples)) if v is not None]
+            if given:
+                raise InputError(f"--loss {self.loss} reads the teacher's whole vocabulary; drop {', '.join(given)}")
+            online_only.pop("top_k")
+        elif sampled:
+            if rep not in (None, "sampled"):
+                raise InputError(f"--samples applies to the sampled_* losses, not --loss {self.loss}")
             if self.samples is None:
-                raise InputError("online --loss sampled_kl needs --samples N >= 1 (draws per position)")
+                raise InputError(f"online --loss {self.loss} needs --samples N >= 1 (draws per position)")
             online_only.pop("top_k")
         missing = [f"--{k.replace('_', '-')}" for k, v in online_only.items() if v is None]
         if missing:
@@ -177,6 +203,8 @@ _FLOAT_RULES = {
     "end_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "alpha": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "alpha_end": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "jsd_beta": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "skew": (lambda v: 0 < v < 1, "in (0, 1)"),
     "lease_timeout_s": (lambda v: v > 0, "> 0 seconds"),
 }
 _OPTIONAL = ("max_grad_norm", "alpha_end")

@@ -36,14 +36,23 @@ def finish(plan: TrainPlan, student, state, last_metrics, put) -> TrainResult:
     if plan.eval_examples is not None:
         from .evaluate import evaluate
 
+        reference = plan.eval_reference
+        if reference is not None and hasattr(reference, "load"):  # the online teacher is loaded once
+            same = plan.source.teacher if plan.source.teacher_spec == reference.spec else None
+            reference.load(reuse=same)
         eval_result = evaluate(student.apply, params, plan.eval_examples, batch_size=config.batch_size, put=put,
                                max_examples=config.max_eval_examples, process_index=jax.process_index(),
-                               process_count=jax.process_count())
-        eval_result = {"data": config.eval_data, "step": config.num_steps, **eval_result}
+                               process_count=jax.process_count(), reference=reference)
+        eval_result = {"data": config.eval_data or config.eval_store, "step": config.num_steps, **eval_result}
         if jax.process_index() == 0:
             write_json(paths.join(config.output, EVAL_NAME), eval_result)
+            _log_eval(config.output, eval_result)
         say(f"eval: cross-entropy {eval_result['cross_entropy']:.4f} nats/token, perplexity "
-            f"{eval_result['perplexity']:.3f} over {eval_result['num_tokens']} tokens of {config.eval_data}")
+            f"{eval_result['perplexity']:.3f} over {eval_result['num_tokens']} tokens of {eval_result['data']}")
+        if "teacher" in eval_result:
+            from .report import teacher_line
+
+            say(f"eval: {teacher_line(eval_result['teacher'])}")
     result = TrainResult(output=config.output, final_step=config.num_steps, metrics=last_metrics, eval=eval_result,
                          hf_dir=export_dir if plan.student.kind == "hf" else None,
                          resumed_from_step=plan.resume_from, export_dir=export_dir)
@@ -52,6 +61,20 @@ def finish(plan: TrainPlan, student, state, last_metrics, put) -> TrainResult:
 
         result = dataclasses.replace(result, report=write_report(plan, result))
     return result
+
+
+def _log_eval(output: str, eval_result: dict) -> None:
+    """The held-out measures as TensorBoard scalars at the run's last step (``eval/...``)."""
+    from .tensorboard import TensorBoard
+
+    board = TensorBoard(output)
+    try:
+        board.write_scalars("eval", eval_result["step"], {
+            "cross_entropy": eval_result["cross_entropy"],
+            **{f"teacher_{k}": v for k, v in eval_result.get("teacher", {}).items()
+               if k not in ("against", "k", "count")}})
+    finally:
+        board.close()
 
 
 def _host_params(params):

@@ -130,7 +130,7 @@ def verify_store_for_training(store, *, loss: str) -> None:
     # Check them all now, so a corrupt chunk fails the run before any step, not hours in.
     for chunk in sorted(store.scan.chunks.values(), key=lambda c: c.key):
         store.chunk_path(chunk)
-    if loss == "topk_tail_kl":
+    if loss.startswith("topk_tail_"):
         require_tail_mass(store)
 
 

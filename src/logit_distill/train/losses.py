@@ -8,6 +8,12 @@ Teacher position ``j`` describes the token at ``j + 1``; see
 
 Logits may be bfloat16; everything is computed in float32.
 
+A loss kind names what the teacher gave and the divergence taken on it:
+``topk_kl`` (renormalised top-k), ``topk_tail_<d>`` (the k + 1 bins of a top-k
+store), ``sampled_<d>`` (draws of a sampled store), ``full_<d>`` (the whole
+vocabulary: an online teacher) and ``hybrid_kl`` (an exact top-k head plus
+draws from the rest); ``d`` is one of ``divergences.DIVERGENCES``.
+
 Written by hand: Optax has ``softmax_cross_entropy`` / ``kl_divergence`` on
 dense distributions, but nothing for a sparse teacher (top-k ids + a tail bin),
 the packed next-token mask, or the 0 * log 0 convention with a -inf tail.
@@ -20,22 +26,51 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-KINDS = ("topk_kl", "topk_tail_kl", "sampled_kl")
+from ..errors import InputError
+from . import divergences
+from .divergences import DIVERGENCES
+
+# Every kind distill_loss computes: (what the teacher gave, divergence).
+KIND_PARTS = {
+    "topk_kl": ("topk", "kl"),
+    **{f"topk_tail_{d}": ("topk_tail", d) for d in DIVERGENCES},
+    **{f"sampled_{d}": ("sampled", d) for d in divergences.FROM_DRAWS},
+    **{f"full_{d}": ("full", d) for d in DIVERGENCES},
+    "hybrid_kl": ("hybrid", "kl"),
+}
+ALL_KINDS = tuple(KIND_PARTS)
+# The losses `train --loss` offers: every kind but hybrid_kl (no store selection holds its record yet).
+KINDS = tuple(k for k in ALL_KINDS if KIND_PARTS[k][0] != "hybrid")
+
+
+def representation(kind: str) -> str:
+    """What the teacher gave a loss kind: "topk", "topk_tail", "sampled", "full" or "hybrid"."""
+    return KIND_PARTS[kind][0]
 # The default loss of each store selection (docs/LOSSES.md, "Which loss").
 DEFAULT_LOSS = {"topk": "topk_tail_kl", "sampled": "sampled_kl"}
 
 __all__ = [
     "KINDS",
+    "ALL_KINDS",
+    "representation",
     "next_token_mask",
     "next_token_targets",
     "topk_kl_per_token",
     "topk_tail_kl_per_token",
+    "topk_tail_divergence_per_token",
     "sampled_kl_per_token",
+    "sampled_divergence_per_token",
+    "full_divergence_per_token",
+    "hybrid_kl_per_token",
     "cross_entropy_per_token",
     "topk_kl",
     "topk_tail_kl",
     "sampled_kl",
     "cross_entropy",
+    "kd_loss",
+    "check_sampled_temperature",
+    "check_sampled_divergence",
+    "kd_metric_note",
     "accumulation_scales",
     "distill_loss",
 ]
@@ -79,28 +114,6 @@ def _safe_logsumexp(x: jax.Array, axis: int = -1) -> jax.Array:
     return jnp.where(pos, out, -jnp.inf)
 
 
-def _kl_from_bin_logits(t: jax.Array, s: jax.Array, temperature) -> jax.Array:
-    """``T^2 * KL(softmax(t / T) || softmax(s / T))`` over the last axis.
-
-    ``t`` are teacher bin log-weights (data; no gradient), ``s`` student bin
-    logits. Both are renormalised (log_softmax), so the teacher bins need not
-    sum exactly to 1 (float32 / lossy codec rounding). Bins where the teacher
-    has zero probability contribute 0 (the 0 * log 0 = 0 convention), also in
-    the gradient.
-    """
-    t = jax.lax.stop_gradient(t)
-    logp = jax.nn.log_softmax(t / temperature, axis=-1)
-    logq = jax.nn.log_softmax(s / temperature, axis=-1)
-    p = jnp.exp(logp)
-    # `p != 0`, not `p > 0`: a NaN teacher entry (corrupt data) must propagate,
-    # not be dropped silently. Double where: the discarded branch is NaN
-    # (-inf - -inf) where p == 0, so keep it finite before multiplying too.
-    pos = p != 0
-    diff = jnp.where(pos, logp - logq, 0.0)
-    kl = jnp.sum(jnp.where(pos, p * diff, 0.0), axis=-1)
-    return kl * (temperature * temperature)
-
-
 def _gather(logits: jax.Array, ids: jax.Array) -> jax.Array:
     # mode="fill": an id >= V (teacher/student vocab mismatch) gives NaN, not a
     # silently clipped index.
@@ -112,13 +125,55 @@ def _gather(logits: jax.Array, ids: jax.Array) -> jax.Array:
 # ------------------------------------------------------------------ per token
 
 
+def _concrete(x) -> float | None:
+    """``x`` as a Python float, or None when it is traced (under jit)."""
+    try:
+        return float(x)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError, TypeError):
+        return None
+
+
+def _require_tempered_tail(temperature, tempered_tail, what: str) -> None:
+    """The k + 1 bins at T != 1 need the teacher's tail mass tempered at T, which only the dump can
+    compute: tempering the stored T = 1 tail as if it were one token is another objective."""
+    T = _concrete(temperature)
+    if tempered_tail is None and T != 1.0:
+        at = "a traced temperature" if T is None else f"temperature {T:g}"
+        raise InputError(
+            f"{what} at {at} needs the teacher's tail mass tempered at that temperature (tempered_tail=, "
+            "batch field tail_logprob_tempered: dump --tail-temperatures T); without it the tail bin would be "
+            "tempered as if it were one token, which optimises another objective")
+
+
+def check_sampled_temperature(temperature, proposal_temperature, *, allow_biased_temperature=False,
+                              where: str = "") -> None:
+    """``InputError`` unless draws made at ``proposal_temperature`` (t) give an unbiased signal at the
+    training ``temperature`` (T): T == t, both Python numbers. At T != t the importance weights are
+    self-normalised, a bias that shrinks only about as fast as the draws' noise (docs/LOSSES.md);
+    ``allow_biased_temperature`` accepts it. ``where`` (e.g. "store gs://...") goes into the message."""
+    if allow_biased_temperature:
+        return
+    T, t = _concrete(temperature), _concrete(proposal_temperature)
+    if T is None or t is None:
+        raise InputError("a sampled loss needs the temperature and the proposal temperature as Python numbers "
+                         "(a traced value cannot be checked for T == t); or pass allow_biased_temperature=True")
+    if T != t:
+        raise InputError(
+            f"a sampled loss at temperature {T:g} from draws made at proposal temperature {t:g}"
+            f"{f' ({where})' if where else ''} is biased "
+            f"(self-normalised importance weights, docs/LOSSES.md); train at temperature {t:g}, dump the store "
+            f"at --proposal-temperature {T:g}, or accept the bias explicitly (allow_biased_temperature)")
+
+
 def topk_kl_per_token(logits, topk_ids, topk_logprobs, *, temperature=1.0) -> jax.Array:
     """float32 ``[B, L]``: ``T^2 * KL(p_T || q_T)`` with both sides renormalised
     over the teacher's k ids: ``p_T = softmax(topk_logprobs / T)``,
     ``q_T = softmax(logits[topk_ids] / T)``. No mask applied."""
     s = _gather(logits, topk_ids)  # gather first: only [B, L, k] is upcast
     t = jnp.asarray(topk_logprobs, jnp.float32)
-    return _kl_from_bin_logits(t, s, temperature)
+    logp = jax.nn.log_softmax(t / temperature, axis=-1)
+    logq = jax.nn.log_softmax(s / temperature, axis=-1)
+    return divergences.exact("kl", logp, logq) * (temperature * temperature)
 
 
 def _student_tail_logit(logits: jax.Array, topk_ids: jax.Array) -> jax.Array:
@@ -129,67 +184,95 @@ def _student_tail_logit(logits: jax.Array, topk_ids: jax.Array) -> jax.Array:
     return _safe_logsumexp(z_out, axis=-1)
 
 
-def topk_tail_kl_per_token(
-    logits, topk_ids, topk_logprobs, tail_logprob, *, temperature=1.0, tempered_tail=None
-) -> jax.Array:
+def _tempered_head(topk_logprobs, log_tail_mass, T):
+    """Log-probs of the k ids in the teacher tempered at T, given its tail mass ``m_T`` there: the ids
+    share ``1 - m_T`` in proportion to ``p^(1/T)``; returns (those log-probs, ``log m_T`` clamped to <= 0)."""
+    lp_t = jnp.asarray(topk_logprobs, jnp.float32) / T
+    log_m = jnp.minimum(jnp.asarray(log_tail_mass, jnp.float32), 0.0)
+    if lp_t.shape[-1] == 0:  # no head (k = 0): everything is tail
+        return lp_t, log_m
+    log_rest = jnp.log(-jnp.expm1(log_m))  # log(1 - m_T), exact also when m_T is small
+    return lp_t - _safe_logsumexp(lp_t, axis=-1)[..., None] + log_rest[..., None], log_m
+
+
+def _topk_tail_bins(logits, topk_ids, topk_logprobs, tail_logprob, temperature, tempered_tail):
+    """(teacher, student) log-probs over the k + 1 bins of the distributions tempered at T."""
+    _require_tempered_tail(temperature, tempered_tail, "a loss on the k + 1 bins of a top-k store")
+    T = jnp.asarray(temperature, jnp.float32)
+    z_t = jnp.asarray(logits).astype(jnp.float32) / T
+    s = jnp.concatenate([_gather(z_t, topk_ids), _student_tail_logit(z_t, topk_ids)[..., None]], axis=-1)
+    if tempered_tail is None:  # T = 1 (checked above): the stored bins themselves
+        t = jnp.concatenate([jnp.asarray(topk_logprobs, jnp.float32),
+                             jnp.asarray(tail_logprob, jnp.float32)[..., None]], axis=-1)
+    else:
+        head, log_m = _tempered_head(topk_logprobs, tempered_tail, T)
+        t = jnp.concatenate([head, log_m[..., None]], axis=-1)
+    # renormalised: float32 / lossy-codec rounding must not make the loss negative
+    return jax.nn.log_softmax(t, axis=-1), jax.nn.log_softmax(s, axis=-1)
+
+
+def topk_tail_divergence_per_token(logits, topk_ids, topk_logprobs, tail_logprob, *, divergence="kl",
+                                   temperature=1.0, tempered_tail=None, beta=0.5, skew=0.1) -> jax.Array:
+    """float32 ``[B, L]``: ``T^2 * D(C(p_T) || C(q_T))`` over k + 1 bins (the k ids + "everything
+    else"), ``C`` the coarse-graining, ``q_T = softmax(logits / T)`` over the full vocabulary.
+
+    At T != 1 ``tempered_tail`` (the teacher's ``log sum_{tail} p_T``, from
+    ``dump --tail-temperatures``) is required (``InputError`` otherwise): the
+    bins are then exact. ``divergence`` and its ``beta``/``skew``: see
+    ``divergences.exact``. No mask applied.
+    """
+    t, s = _topk_tail_bins(logits, topk_ids, topk_logprobs, tail_logprob, temperature, tempered_tail)
+    return divergences.exact(divergence, t, s, beta=beta, skew=skew) * (temperature * temperature)
+
+
+def topk_tail_kl_per_token(logits, topk_ids, topk_logprobs, tail_logprob, *, temperature=1.0,
+                           tempered_tail=None) -> jax.Array:
     """float32 ``[B, L]``: ``T^2 * KL`` over k + 1 bins (the k ids + "everything else").
 
-    With ``tempered_tail`` (the teacher's stored ``log sum_{tail} p_T``, its
-    tail mass at temperature T, from ``dump --tail-temperatures``) the bins are
-    exact coarse-grainings of the tempered distributions: teacher
+    The bins are exact coarse-grainings of the tempered distributions: teacher
     ``[log p_T(i_1..i_k), log p_T(tail)]``, student ``[log q_T(i_1..i_k),
     log q_T(tail)]`` with ``q_T = softmax(logits / T)`` over the full vocabulary.
-
-    Without it, bin log-weights at T = 1 (teacher ``[topk_logprobs,
-    tail_logprob]``, student ``[logits[topk_ids], logsumexp(logits outside)]``)
-    are divided by T, which tempers the tail as if it were one token: exact at
-    T = 1 only (the training loop refuses T != 1 without the stored value). The
-    loss is 0 iff the student's k+1 bins equal the teacher's. No mask applied.
+    At T != 1 that needs ``tempered_tail`` (the teacher's stored ``log
+    sum_{tail} p_T``, from ``dump --tail-temperatures``): ``InputError`` without
+    it. The loss is 0 iff the student's k+1 bins equal the teacher's. No mask applied.
     """
-    z_ids = _gather(logits, topk_ids)
-    if tempered_tail is None:
-        s = jnp.concatenate([z_ids, _student_tail_logit(logits, topk_ids)[..., None]], axis=-1)
-        t = jnp.concatenate(
-            [
-                jnp.asarray(topk_logprobs, jnp.float32),
-                jnp.asarray(tail_logprob, jnp.float32)[..., None],
-            ],
-            axis=-1,
-        )
-        return _kl_from_bin_logits(t, s, temperature)
-    T = jnp.asarray(temperature, jnp.float32)
-    # Student: tempered logits; its tail bin is logsumexp of the tempered logits outside the ids.
-    z_t = jnp.asarray(logits).astype(jnp.float32) / T
-    s = jnp.concatenate([z_ids / T, _student_tail_logit(z_t, topk_ids)[..., None]], axis=-1)
-    # Teacher: the top-k ids share the tempered mass 1 - m_T in proportion to p^(1/T).
-    lp_t = jnp.asarray(topk_logprobs, jnp.float32) / T
-    log_m = jnp.minimum(jnp.asarray(tempered_tail, jnp.float32), 0.0)
-    log_rest = jnp.log(-jnp.expm1(log_m))  # log(1 - m_T), exact also when m_T is small
-    top = lp_t - _safe_logsumexp(lp_t, axis=-1)[..., None] + log_rest[..., None]
-    t = jnp.concatenate([top, log_m[..., None]], axis=-1)
-    return _kl_from_bin_logits(t, s, 1.0) * (T * T)
+    return topk_tail_divergence_per_token(logits, topk_ids, topk_logprobs, tail_logprob, divergence="kl",
+                                          temperature=temperature, tempered_tail=tempered_tail)
 
 
-def sampled_kl_per_token(
-    logits, sample_ids, sample_counts, sample_logprobs, *, temperature=1.0, proposal_temperature=1.0
-) -> jax.Array:
+def full_divergence_per_token(logits, teacher_logits, *, divergence="kl", temperature=1.0, beta=0.5,
+                              skew=0.1) -> jax.Array:
+    """float32 ``[B, L]``: ``T^2 * D(p_T || q_T)`` over the full vocabulary, ``p_T =
+    softmax(teacher_logits / T)`` (teacher logits or log-probs, ``[B, L, V]``; no gradient),
+    ``q_T = softmax(logits / T)``. The online reference of every other kind. No mask applied."""
+    logp = jax.nn.log_softmax(jnp.asarray(teacher_logits, jnp.float32) / temperature, axis=-1)
+    logq = jax.nn.log_softmax(jnp.asarray(logits).astype(jnp.float32) / temperature, axis=-1)
+    return divergences.exact(divergence, logp, logq, beta=beta, skew=skew) * (temperature * temperature)
+
+
+def sampled_kl_per_token(logits, sample_ids, sample_counts, sample_logprobs, *, temperature=1.0,
+                         proposal_temperature=1.0, allow_biased_temperature=False) -> jax.Array:
     """float32 ``[B, L]``: importance-weighted estimate of ``T^2 * KL(p_T || q_T)`` from samples.
 
     Per position the store holds S slots: distinct ids drawn (with replacement,
     N draws) from the teacher tempered by the proposal temperature t, their
     counts (0 in unused slots) and the teacher's untempered log-probs ``l``.
-    Weights (self-normalized; exactly ``count / N`` when t = T)::
+    With T = t the weights are ``count / N`` and the gradient with respect to
+    the logits, ``T * (q_T - sum_v w_v e_v)``, is an unbiased estimate of the
+    full-distribution KD gradient ``T * (q_T - p_T)``. T != t raises
+    ``InputError`` unless ``allow_biased_temperature``: the weights are then
+    self-normalised (biased)::
 
         w_v = count_v * p(v)^(1/T - 1/t) / sum_u count_u * p(u)^(1/T - 1/t)
 
     Estimate: ``T^2 * sum_v w_v (log p_T(v) - log q_T(v))`` with
     ``q_T = softmax(logits / T)`` over the full vocabulary and ``log p_T(v) =
     l_v / T - log Z_T``, ``Z_T`` estimated from the same samples (exactly 0
-    at T = 1). Its gradient with respect to the logits, ``T * (q_T - sum_v w_v
-    e_v)``, is an unbiased estimate of the full-distribution KD gradient
-    ``T * (q_T - p_T)`` when t = T. No mask applied; a position needs at least
-    one slot with a count > 0.
+    at T = 1; so the value is unbiased at T = t = 1 only, see
+    :func:`kd_metric_note`). No mask applied; a position needs at least one
+    slot with a count > 0.
     """
+    check_sampled_temperature(temperature, proposal_temperature, allow_biased_temperature=allow_biased_temperature)
     T = jnp.asarray(temperature, jnp.float32)
     t = jnp.asarray(proposal_temperature, jnp.float32)
     c = jnp.asarray(sample_counts, jnp.float32)
@@ -204,6 +287,90 @@ def sampled_kl_per_token(
     log_q = _gather(z, sample_ids) - _safe_logsumexp(z, axis=-1)[..., None]
     diff = jnp.where(used, lp / T - log_z[..., None] - log_q, 0.0)
     return jnp.sum(jnp.where(used, w * diff, 0.0), axis=-1) * (T * T)
+
+
+def _draw_weights(sample_counts):
+    """``count / N`` per slot (N: the position's total count), 0 in unused slots."""
+    c = jnp.asarray(sample_counts, jnp.float32)
+    return c / jnp.maximum(jnp.sum(c, axis=-1, keepdims=True), 1.0)
+
+
+def sampled_divergence_per_token(logits, sample_ids, sample_counts, sample_logprobs, *, divergence="kl",
+                                 temperature=1.0, proposal_temperature=1.0, beta=0.5, skew=0.1,
+                                 allow_biased_temperature=False) -> jax.Array:
+    """float32 ``[B, L]``: an estimate of ``T^2 * D(p_T || q_T)`` from a sampled store's draws.
+
+    ``kl`` is :func:`sampled_kl_per_token`. The others use
+    ``divergences.from_draws`` (unbiased, in value and gradient; their
+    integrands grow at most like ``log(q/p)``), which needs the teacher's
+    log-probs at T itself: T = t = 1 only (``InputError`` otherwise; a
+    tempered one would need the teacher's normaliser ``Z_T``, which a sampled
+    record lacks). ``reverse_kl`` has no estimator (``InputError``). No mask applied.
+    """
+    if divergence == "kl":
+        return sampled_kl_per_token(logits, sample_ids, sample_counts, sample_logprobs, temperature=temperature,
+                                    proposal_temperature=proposal_temperature,
+                                    allow_biased_temperature=allow_biased_temperature)
+    if divergence == "reverse_kl":
+        raise InputError(divergences.NO_REVERSE_KL_FROM_DRAWS)
+    check_sampled_divergence(divergence, temperature, proposal_temperature)
+    z = jnp.asarray(logits).astype(jnp.float32)
+    log_q = _gather(z, sample_ids) - _safe_logsumexp(z, axis=-1)[..., None]
+    lp = jnp.asarray(sample_logprobs, jnp.float32)
+    w = _draw_weights(sample_counts)
+    log_ratio = jnp.where(w != 0, log_q - lp, 0.0)
+    return divergences.from_draws(divergence, w, log_ratio, beta=beta, skew=skew)
+
+
+def hybrid_kl_per_token(logits, topk_ids, topk_logprobs, tail_logprob, sample_ids, sample_counts,
+                        sample_logprobs=None, *, tail_plogp=None, temperature=1.0, tempered_tail=None,
+                        proposal_temperature=1.0, allow_biased_temperature=False) -> jax.Array:
+    """float32 ``[B, L]``: ``T^2 * KL(p_T || q_T)`` from an exact head and draws from the rest.
+
+    The record holds the teacher's top-k (ids, log-probs: the head), its tail
+    mass ``m`` (``tail_logprob``; at T != 1 ``tempered_tail``, the tail's mass
+    tempered at T) and N draws from the tail renormalised (at T = t: ``sample_ids``
+    distinct, ``sample_counts`` summing to N). The target
+
+        p_hat = sum_b p_T(i_b) e_{i_b} + m_T * sum_v (count_v / N) e_v
+
+    has expectation p_T exactly, so the gradient ``T * (q_T - p_hat)`` is
+    unbiased with variance from the tail only. The value is ``T^2 * sum
+    p_hat (log p_T - log q_T)``: the tail draws' ``log p_T(v) = l_v / T - log
+    Z_T`` come from their untempered ``sample_logprobs`` (``Z_T`` is exact, from
+    the head and m_T), or, in a record without them, the tail's ``sum p_T log
+    p_T`` is given as ``tail_plogp`` (exact). Either makes the value an unbiased
+    estimate of the KL. With k = 0 (no head, ``tail_logprob`` 0) it is a
+    sampled store's KL. No mask applied.
+    """
+    check_sampled_temperature(temperature, proposal_temperature, allow_biased_temperature=allow_biased_temperature)
+    _require_tempered_tail(temperature, tempered_tail, "hybrid_kl")
+    if (sample_logprobs is None) == (tail_plogp is None):
+        raise InputError("hybrid_kl needs exactly one of sample_logprobs (the tail draws' log-probs) and "
+                         "tail_plogp (the tail's sum p log p)")
+    if jnp.shape(topk_ids)[-1] == 0 and sample_logprobs is not None and _concrete(temperature) != 1.0:
+        raise InputError("hybrid_kl without a head at T != 1 needs tail_plogp: the teacher's normaliser Z_T "
+                         "comes from the head")
+    T = jnp.asarray(temperature, jnp.float32)
+    head, log_m = _tempered_head(topk_logprobs, tail_logprob if tempered_tail is None else tempered_tail, T)
+    z = jnp.asarray(logits).astype(jnp.float32) / T
+    lse = _safe_logsumexp(z, axis=-1)[..., None]
+    head_kl = divergences.exact("kl", head, _gather(z, topk_ids) - lse) if head.shape[-1] else 0.0
+    w = jnp.exp(log_m)[..., None] * _draw_weights(sample_counts)
+    used = w != 0
+    log_q = jnp.where(used, _gather(z, sample_ids) - lse, 0.0)
+    if tail_plogp is not None:
+        tail = jnp.asarray(tail_plogp, jnp.float32) - jnp.sum(jnp.where(used, w * log_q, 0.0), axis=-1)
+    else:
+        # log Z_T from the head: p_T(i_b) = p_b^(1/T) / Z_T; 0 at T = 1 (the log-probs are normalised)
+        if head.shape[-1] == 0:  # T = 1 (checked above): the draws' log-probs are normalised
+            log_z = jnp.zeros_like(log_m)
+        else:
+            log_z = jnp.where(T == 1.0, 0.0, _safe_logsumexp(jnp.asarray(topk_logprobs, jnp.float32) / T, axis=-1)
+                              - jnp.log(-jnp.expm1(log_m)))
+        log_p = jnp.asarray(sample_logprobs, jnp.float32) / T - log_z[..., None]
+        tail = jnp.sum(jnp.where(used, w * jnp.where(used, log_p - log_q, 0.0), 0.0), axis=-1)
+    return (head_kl + tail) * (T * T)
 
 
 def cross_entropy_per_token(logits, targets) -> jax.Array:
@@ -226,48 +393,56 @@ def _masked_mean(values: jax.Array, mask: jax.Array):
     return total / jnp.maximum(count, 1).astype(jnp.float32), count
 
 
-def _sanitize_teacher(mask, topk_ids, topk_logprobs, tail_logprob=None):
-    """Replace teacher fields at masked positions (padding: may be garbage) by
-    harmless finite values, so they cannot reach the value or the gradient."""
+def _where(mask, x, fill, dtype):
     m = jnp.asarray(mask, bool)
-    ids = jnp.where(m[..., None], jnp.asarray(topk_ids, jnp.int32), 0)
-    lp = jnp.where(m[..., None], jnp.asarray(topk_logprobs, jnp.float32), 0.0)
-    tail = None
-    if tail_logprob is not None:
-        tail = jnp.where(m, jnp.asarray(tail_logprob, jnp.float32), 0.0)
-    return ids, lp, tail
+    x = jnp.asarray(x, dtype)
+    return jnp.where(m.reshape(m.shape + (1,) * (x.ndim - m.ndim)), x, jnp.asarray(fill, dtype))
+
+
+def _sanitize(mask, batch: Mapping[str, Any], fields) -> dict:
+    """The teacher ``fields`` of ``batch`` with harmless finite values at masked positions
+    (padding: may be garbage), so they reach neither the value nor the gradient. A masked
+    position of a sampled record gets one slot of count 1."""
+    out = {}
+    for name in fields:
+        if name not in batch or batch[name] is None:
+            continue
+        x = batch[name]
+        if name.endswith("_ids"):
+            out[name] = _where(mask, x, 0, jnp.int32)
+        elif name == "sample_counts":
+            first = (jnp.arange(jnp.shape(x)[-1]) == 0).astype(jnp.int32)
+            m = jnp.asarray(mask, bool)[..., None]
+            out[name] = jnp.where(m, jnp.asarray(x, jnp.int32), first)
+        elif name == "tail_logprob_tempered":
+            out[name] = _where(mask, x, -1.0, jnp.float32)
+        else:
+            out[name] = _where(mask, x, 0.0, jnp.float32)
+    return out
 
 
 def topk_kl(logits, topk_ids, topk_logprobs, mask, *, temperature=1.0):
     """Mean of :func:`topk_kl_per_token` over ``mask``; returns ``(loss, count)``.
 
     ``count`` is the int32 number of positions in ``mask``; loss is 0 when it is 0."""
-    ids, lp, _ = _sanitize_teacher(mask, topk_ids, topk_logprobs)
-    return _masked_mean(topk_kl_per_token(logits, ids, lp, temperature=temperature), mask)
+    return kd_loss("topk_kl", logits, {"topk_ids": topk_ids, "topk_logprobs": topk_logprobs}, mask,
+                   temperature=temperature)
 
 
 def topk_tail_kl(logits, topk_ids, topk_logprobs, tail_logprob, mask, *, temperature=1.0,
                  tempered_tail=None):
     """Mean of :func:`topk_tail_kl_per_token` over ``mask``; returns ``(loss, count)``."""
-    ids, lp, tail = _sanitize_teacher(mask, topk_ids, topk_logprobs, tail_logprob)
-    if tempered_tail is not None:
-        tempered_tail = jnp.where(jnp.asarray(mask, bool), jnp.asarray(tempered_tail, jnp.float32), -1.0)
-    per = topk_tail_kl_per_token(logits, ids, lp, tail, temperature=temperature, tempered_tail=tempered_tail)
-    return _masked_mean(per, mask)
+    batch = {"topk_ids": topk_ids, "topk_logprobs": topk_logprobs, "tail_logprob": tail_logprob,
+             "tail_logprob_tempered": tempered_tail}
+    return kd_loss("topk_tail_kl", logits, batch, mask, temperature=temperature)
 
 
 def sampled_kl(logits, sample_ids, sample_counts, sample_logprobs, mask, *, temperature=1.0,
-               proposal_temperature=1.0):
+               proposal_temperature=1.0, allow_biased_temperature=False):
     """Mean of :func:`sampled_kl_per_token` over ``mask``; returns ``(loss, count)``."""
-    m = jnp.asarray(mask, bool)
-    ids = jnp.where(m[..., None], jnp.asarray(sample_ids, jnp.int32), 0)
-    lp = jnp.where(m[..., None], jnp.asarray(sample_logprobs, jnp.float32), 0.0)
-    # A masked position gets one harmless slot (count 1), so nothing there is NaN.
-    first = jnp.arange(jnp.shape(sample_counts)[-1]) == 0
-    counts = jnp.where(m[..., None], jnp.asarray(sample_counts, jnp.int32), first.astype(jnp.int32))
-    per = sampled_kl_per_token(logits, ids, counts, lp, temperature=temperature,
-                               proposal_temperature=proposal_temperature)
-    return _masked_mean(per, mask)
+    batch = {"sample_ids": sample_ids, "sample_counts": sample_counts, "sample_logprobs": sample_logprobs}
+    return kd_loss("sampled_kl", logits, batch, mask, temperature=temperature,
+                   proposal_temperature=proposal_temperature, allow_biased_temperature=allow_biased_temperature)
 
 
 def cross_entropy(logits, tokens, mask):
@@ -280,36 +455,89 @@ def cross_entropy(logits, tokens, mask):
     return _masked_mean(cross_entropy_per_token(logits, targets), mask)
 
 
+def check_sampled_divergence(divergence, temperature, proposal_temperature) -> None:
+    """``InputError`` unless draws give ``divergence``'s estimate at these temperatures: ``kl`` at any
+    (``check_sampled_temperature`` judges T != t), the others at T = t = 1 only."""
+    T, t = _concrete(temperature), _concrete(proposal_temperature)
+    if divergence != "kl" and (T != 1.0 or t != 1.0):
+        raise InputError(f"sampled_{divergence} needs temperature 1 and draws at proposal temperature 1 (got T = "
+                         f"{temperature}, t = {proposal_temperature}): the teacher's tempered log-probs need its "
+                         "normaliser, which a sampled record does not hold; use sampled_kl at T = t")
+
+
 # ---------------------------------------------------------------- combined
 
 
-# Teacher fields each loss reads from the batch (``tail_logprob_tempered`` is optional).
-FIELDS = {
-    "topk_kl": ("topk_ids", "topk_logprobs"),
-    "topk_tail_kl": ("topk_ids", "topk_logprobs", "tail_logprob"),
-    "sampled_kl": ("sample_ids", "sample_counts", "sample_logprobs"),
+# Teacher fields each loss reads from the batch (``tail_logprob_tempered`` is optional; ``hybrid_kl``
+# reads ``tail_plogp`` instead of ``sample_logprobs`` when the record holds it).
+_REPRESENTATION_FIELDS = {
+    "topk": ("topk_ids", "topk_logprobs"),
+    "topk_tail": ("topk_ids", "topk_logprobs", "tail_logprob"),
+    "sampled": ("sample_ids", "sample_counts", "sample_logprobs"),
+    "full": ("teacher_logits",),
+    "hybrid": ("topk_ids", "topk_logprobs", "tail_logprob", "sample_ids", "sample_counts", "sample_logprobs"),
 }
+FIELDS = {kind: _REPRESENTATION_FIELDS[rep] for kind, (rep, _) in KIND_PARTS.items()}
+_OPTIONAL_FIELDS = ("tail_logprob_tempered", "tail_plogp")
 
 
-def _kd(kind, logits, batch, mask, temperature, proposal_temperature):
-    if kind == "topk_kl":
-        return topk_kl(
-            logits, batch["topk_ids"], batch["topk_logprobs"], mask, temperature=temperature
-        )[0]
-    if kind == "sampled_kl":
-        return sampled_kl(
-            logits, batch["sample_ids"], batch["sample_counts"], batch["sample_logprobs"], mask,
-            temperature=temperature, proposal_temperature=proposal_temperature,
-        )[0]
-    return topk_tail_kl(
-        logits,
-        batch["topk_ids"],
-        batch["topk_logprobs"],
-        batch["tail_logprob"],
-        mask,
-        temperature=temperature,
-        tempered_tail=batch.get("tail_logprob_tempered"),
-    )[0]
+def _unknown_kind(kind: str) -> InputError:
+    if kind == "sampled_reverse_kl":
+        return InputError(f"sampled_reverse_kl: {divergences.NO_REVERSE_KL_FROM_DRAWS}")
+    return InputError(f"unknown distillation loss kind {kind!r}; expected one of {', '.join(ALL_KINDS)}")
+
+
+def _per_token(kind, logits, b, temperature, proposal_temperature, beta, skew, allow_biased_temperature):
+    rep, div = KIND_PARTS[kind]
+    if rep == "topk":
+        return topk_kl_per_token(logits, b["topk_ids"], b["topk_logprobs"], temperature=temperature)
+    if rep == "topk_tail":
+        return topk_tail_divergence_per_token(
+            logits, b["topk_ids"], b["topk_logprobs"], b["tail_logprob"], divergence=div, temperature=temperature,
+            tempered_tail=b.get("tail_logprob_tempered"), beta=beta, skew=skew)
+    if rep == "full":
+        return full_divergence_per_token(logits, b["teacher_logits"], divergence=div, temperature=temperature,
+                                         beta=beta, skew=skew)
+    if rep == "sampled":
+        return sampled_divergence_per_token(
+            logits, b["sample_ids"], b["sample_counts"], b["sample_logprobs"], divergence=div,
+            temperature=temperature, proposal_temperature=proposal_temperature, beta=beta, skew=skew,
+            allow_biased_temperature=allow_biased_temperature)
+    return hybrid_kl_per_token(
+        logits, b["topk_ids"], b["topk_logprobs"], b["tail_logprob"], b["sample_ids"], b["sample_counts"],
+        b.get("sample_logprobs"), tail_plogp=b.get("tail_plogp"), temperature=temperature,
+        tempered_tail=b.get("tail_logprob_tempered"), proposal_temperature=proposal_temperature,
+        allow_biased_temperature=allow_biased_temperature)
+
+
+def kd_loss(kind, logits, batch: Mapping[str, Any], mask, *, temperature=1.0, proposal_temperature=1.0,
+            beta=0.5, skew=0.1, allow_biased_temperature=False):
+    """Mean over ``mask`` of the per-token loss of ``kind`` (``ALL_KINDS``) on the teacher fields of
+    ``batch`` (``FIELDS[kind]``); returns ``(loss, count)``: 0 when ``count`` is 0."""
+    if kind not in KIND_PARTS:
+        raise _unknown_kind(kind)
+    fields = FIELDS[kind] + _OPTIONAL_FIELDS
+    if KIND_PARTS[kind][0] == "hybrid" and batch.get("tail_plogp") is not None:
+        fields = tuple(f for f in fields if f != "sample_logprobs")
+    clean = _sanitize(mask, batch, fields)
+    per = _per_token(kind, logits, clean, temperature, proposal_temperature, beta, skew, allow_biased_temperature)
+    return _masked_mean(per, mask)
+
+
+def kd_metric_note(kind: str, temperature=1.0, proposal_temperature=1.0) -> str:
+    """What the ``kd_loss`` metric of ``kind`` is: "exact" (a function of the store's values), or
+    the kind of estimate it is (sampled stores: the draws are random)."""
+    rep, _ = KIND_PARTS[kind] if kind in KIND_PARTS else (None, None)
+    if rep is None:
+        raise _unknown_kind(kind)
+    if rep in ("topk", "topk_tail", "full"):
+        return "exact"
+    T, t = _concrete(temperature), _concrete(proposal_temperature)
+    if T != t:
+        return "biased estimate (self-normalised importance weights at T != t)"
+    if rep == "sampled" and T != 1.0:
+        return "biased estimate (log Z_T from the draws; the gradient is unbiased)"
+    return "unbiased estimate (from the draws)"
 
 
 def distill_loss(
@@ -320,16 +548,24 @@ def distill_loss(
     alpha=0.5,
     temperature=1.0,
     proposal_temperature=1.0,
+    beta=0.5,
+    skew=0.1,
+    allow_biased_temperature=False,
 ):
     """``loss = alpha * kd + (1 - alpha) * ce``; returns ``(loss, metrics)``.
 
     ``batch`` holds ``tokens``, ``segment_ids`` and (unless ``alpha`` is a
-    Python/NumPy 0) the teacher fields of ``kind`` (``FIELDS``):
-    ``topk_ids``, ``topk_logprobs`` and, for ``topk_tail_kl``,
-    ``tail_logprob`` (plus ``tail_logprob_tempered`` at T != 1); for
-    ``sampled_kl`` ``sample_ids``, ``sample_counts``, ``sample_logprobs``
-    (drawn at ``proposal_temperature``). ``metrics`` = ``{"kd_loss", "ce_loss", "num_tokens"}``
-    (``kd_loss`` is unscaled by alpha, and already includes the T^2 factor).
+    Python/NumPy 0) the teacher fields of ``kind`` (``FIELDS``, one of
+    ``ALL_KINDS``): ``topk_ids``, ``topk_logprobs`` and, for ``topk_tail_*``,
+    ``tail_logprob`` (plus ``tail_logprob_tempered`` at T != 1, required);
+    for ``sampled_*`` ``sample_ids``, ``sample_counts``, ``sample_logprobs``
+    (drawn at ``proposal_temperature``, which must equal ``temperature``
+    unless ``allow_biased_temperature``); for ``full_*`` ``teacher_logits``
+    ``[B, L, V]``; for ``hybrid_kl`` the top-k and the tail's draws.
+    ``beta`` (``*_jsd``) and ``skew`` (``*_skew_*``) parametrise the
+    divergence. ``metrics`` = ``{"kd_loss", "ce_loss", "num_tokens"}``
+    (``kd_loss`` is unscaled by alpha, already includes the T^2 factor, and is
+    what :func:`kd_metric_note` says it is).
 
     ``alpha`` may be a traced scalar (a schedule). When it is 0 the loss and its
     gradient are exactly the CE ones, whatever the teacher fields hold: the KD
@@ -337,22 +573,22 @@ def distill_loss(
     runs one branch). When ``alpha`` is a concrete 0 and the teacher fields are
     absent, ``kd_loss`` is NaN ("not computed").
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown distillation loss kind {kind!r}; expected one of {KINDS}")
+    if kind not in KIND_PARTS:
+        raise _unknown_kind(kind)
     if isinstance(temperature, (int, float)) and not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        raise InputError(f"temperature must be > 0, got {temperature!r}")
     if isinstance(alpha, (int, float)) and not 0.0 <= alpha <= 1.0:  # also rejects NaN
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+        raise InputError(f"alpha must be in [0, 1], got {alpha!r}")
+    divergences.check_parameters(KIND_PARTS[kind][1], beta=beta, skew=skew)
 
     mask = next_token_mask(batch["segment_ids"])
     ce, count = cross_entropy(logits, batch["tokens"], mask)
 
     needed = FIELDS[kind]
+    if KIND_PARTS[kind][0] == "hybrid" and "tail_plogp" in batch:
+        needed = tuple(f for f in needed if f != "sample_logprobs")
     missing = [k for k in needed if k not in batch]
-    try:
-        concrete_zero = float(alpha) == 0.0
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError, TypeError):
-        concrete_zero = False  # traced alpha (a schedule under jit)
+    concrete_zero = _concrete(alpha) == 0.0
     if missing:
         if not concrete_zero:
             raise KeyError(
@@ -363,16 +599,19 @@ def distill_loss(
 
     alpha = jnp.asarray(alpha, jnp.float32)
 
+    def kd(z):
+        return kd_loss(kind, z, batch, mask, temperature=temperature, proposal_temperature=proposal_temperature,
+                       beta=beta, skew=skew, allow_biased_temperature=allow_biased_temperature)[0]
+
     def ce_only(z):
-        kd = _kd(kind, jax.lax.stop_gradient(z), batch, mask, temperature, proposal_temperature)
-        return ce, kd
+        return ce, kd(jax.lax.stop_gradient(z))
 
     def mixed(z):
-        kd = _kd(kind, z, batch, mask, temperature, proposal_temperature)
-        return alpha * kd + (1.0 - alpha) * ce, kd
+        value = kd(z)
+        return alpha * value + (1.0 - alpha) * ce, value
 
-    loss, kd = jax.lax.cond(alpha == 0.0, ce_only, mixed, logits)
-    return loss, {"kd_loss": kd, "ce_loss": ce, "num_tokens": count}
+    loss, value = jax.lax.cond(alpha == 0.0, ce_only, mixed, logits)
+    return loss, {"kd_loss": value, "ce_loss": ce, "num_tokens": count}
 
 
 # ------------------------------------------------------- gradient accumulation

@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..outputs import check_output
 from . import checkpointing
 from .config import TrainConfig
+from .losses import KIND_PARTS, check_sampled_divergence, check_sampled_temperature, representation
 from .sources import TrainSource, open_source
 from .student import StudentSpec, check_tokenizer, describe_student
 
@@ -35,8 +36,9 @@ class TrainPlan:
     settings: dict  # the run's identity (train_config.json)
     resume_from: int | None  # the checkpoint step this run starts from (None: from scratch)
     tokenizer_path: str | None  # shipped with the export, and used to read --eval-data
-    eval_examples: object | None  # ExampleSource over --eval-data
+    eval_examples: object | None  # ExampleSource over --eval-data, or teacher_eval.StoreExamples (--eval-store)
     warnings: list
+    eval_reference: object | None = None  # what the student is measured against (teacher_eval)
 
     @property
     def proposal_temperature(self) -> float:
@@ -65,6 +67,10 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
     source = source or open_source(config)
     loss = config.resolved_loss(source.selection, source.top_k, source.vocab_size)
     _check_loss(config, source, loss)
+    if representation(loss) == "sampled":  # draws made at t give a biased signal at T != t: refused before any output
+        check_sampled_divergence(KIND_PARTS[loss][1], config.temperature, source.proposal_temperature(config))
+        check_sampled_temperature(config.temperature, source.proposal_temperature(config),
+                                  allow_biased_temperature=config.allow_biased_temperature, where=source.where)
     if config.batch_size > len(source):
         raise InputError(f"--batch-size {config.batch_size} exceeds the {len(source)} examples of {source.where}: "
                          "every batch would repeat examples; lower --batch-size")
@@ -78,6 +84,9 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
         warnings.append("warning: --loss topk_kl with --alpha 1 gives no signal on the student's mass outside the "
                         "teacher's top-k (it stays where initialization put it); use topk_tail_kl, sampled_kl, "
                         "or alpha < 1 (docs/LOSSES.md)")
+    bias = _temperature_bias_warning(config, source, loss)
+    if bias:
+        warnings.append(bias)
     tokenizer_path = student.tokenizer_path or source.tokenizer_file
     eval_examples = None
     if config.eval_data is not None:
@@ -86,6 +95,14 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
         eval_examples = open_eval_data(config.eval_data, tokenizer_path, seq_len=source.seq_len,
                                        packing=source.packing, vocab_size=student.vocab_size,
                                        text_field=config.text_field or source.text_field)
+    eval_reference = None
+    if config.eval_teacher is not None or config.eval_store is not None:
+        from .teacher_eval import open_eval_reference
+
+        eval_examples, eval_reference = open_eval_reference(config, source, eval_examples)
+        if config.eval_store is not None and config.eval_store == config.store:
+            warnings.append(f"warning: --eval-store is the training store {config.store}: its measures are on "
+                            "examples the student trained on, not held-out ones")
     settings = run_settings(config, source, student, loss)
     existing = _read_json(paths.join(config.output, CONFIG_NAME))
     if existing is not None:
@@ -96,7 +113,7 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
                          f"{config.num_steps}; give --num-steps >= {resume_from} or another --output")
     return TrainPlan(config=config, source=source, loss=loss, student=student, settings=settings,
                      resume_from=resume_from, tokenizer_path=tokenizer_path, eval_examples=eval_examples,
-                     warnings=warnings)
+                     warnings=warnings, eval_reference=eval_reference)
 
 
 def plan_training_on(dump_plan, config: TrainConfig) -> TrainPlan:
@@ -137,10 +154,17 @@ def run_settings(config: TrainConfig, source: TrainSource, student: StudentSpec,
     }
     if config.allow_tokenizer_mismatch:  # recorded only when set: outputs of earlier versions still resume
         settings["allow_tokenizer_mismatch"] = True
-    if loss == "sampled_kl":
+    if representation(loss) == "sampled":
         settings["proposal_temperature"] = source.proposal_temperature(config)
         if config.online:
             settings["samples"] = int(config.samples)
+    # Recorded only where they apply: outputs of earlier versions still resume.
+    if loss.endswith("_jsd"):
+        settings["jsd_beta"] = float(config.jsd_beta)
+    if "_skew_" in loss:
+        settings["skew"] = float(config.skew)
+    if config.allow_biased_temperature:
+        settings["allow_biased_temperature"] = True
     return settings
 
 
@@ -192,18 +216,39 @@ def _check_loss(config: TrainConfig, source: TrainSource, loss: str) -> None:
         return
     from ..store import manifest as manifest_mod
 
-    if (source.selection == "sampled") != (loss == "sampled_kl"):
-        fits = "sampled_kl" if source.selection == "sampled" else "topk_tail_kl or topk_kl"
+    rep = representation(loss)
+    if (source.selection == "sampled") != (rep == "sampled"):
+        fits = ("a sampled_* loss (sampled_kl, sampled_jsd, ...)" if source.selection == "sampled"
+                else "topk_kl or a topk_tail_* loss (topk_tail_kl, topk_tail_reverse_kl, ...)")
         raise InputError(f"--loss {loss} does not fit {source.where}: it holds a {source.selection} selection; "
-                         f"use --loss {fits}")
-    if loss == "topk_tail_kl" and source.top_k >= source.vocab_size:
-        raise InputError(f"--loss topk_tail_kl needs tail mass, but {source.where} keeps top_k={source.top_k} of "
+                         f"use {fits}")
+    if rep == "topk_tail" and source.top_k >= source.vocab_size:
+        raise InputError(f"--loss {loss} needs tail mass, but {source.where} keeps top_k={source.top_k} of "
                          f"vocab_size={source.vocab_size} entries: there is no tail; use --loss topk_kl (exact there)")
-    if loss == "topk_tail_kl" and float(config.temperature) != 1.0:
+    if rep == "topk_tail" and float(config.temperature) != 1.0:
         have = manifest_mod.tail_temperatures_of(source.manifest)
         T = float(config.temperature)
         if T not in have:
             raise InputError(
-                f"--loss topk_tail_kl at --temperature {T:g} needs the teacher's tail mass tempered at {T:g}, but "
+                f"--loss {loss} at --temperature {T:g} needs the teacher's tail mass tempered at {T:g}, but "
                 f"{source.where} holds it at {', '.join(f'{t:g}' for t in have) if have else 'no temperature'}; use "
                 f"one of those (or 1), or dump with --tail-temperatures {T:g}")
+
+
+# Measured relative gradient bias of sampled_kl at T != t (docs/LOSSES.md, bench/temperature_bias.py):
+# {draws N: (smallest, largest)} over the teachers measured (V = 64 and 4096; t -> T = 1 -> 2 and 2 -> 1).
+_MEASURED_TEMPERATURE_BIAS = {4: (0.31, 1.88), 16: (0.081, 0.67), 32: (0.047, 0.43), 64: (0.029, 0.29)}
+
+
+def _temperature_bias_warning(config: TrainConfig, source: TrainSource, loss: str) -> str | None:
+    """The one line a run accepting a biased sampled loss logs: the bias measured at the nearest N."""
+    T, t = float(config.temperature), source.proposal_temperature(config)
+    if representation(loss) != "sampled" or T == t:
+        return None
+    n = int(source.top_k)
+    near = min(_MEASURED_TEMPERATURE_BIAS, key=lambda m: abs(m - n))
+    low, high = _MEASURED_TEMPERATURE_BIAS[near]
+    return (f"warning: --allow-biased-temperature: --loss {loss} at --temperature {T:g} from draws made at {t:g} "
+            f"({n} a position) uses self-normalised importance weights; the gradient is biased by about "
+            f"{low:.0%}-{high:.0%} of its size (measured at N = {near}, docs/LOSSES.md), a bias that shrinks only "
+            "as fast as the draws' noise")

@@ -72,19 +72,41 @@ def outcome_lines(result, final: dict | None) -> list[str]:
     if result.eval:
         lines.append(f"held-out cross-entropy {result.eval['cross_entropy']:.4f} nats/token, perplexity "
                      f"{result.eval['perplexity']:.2f} over {result.eval['num_tokens']} tokens")
+    if result.eval and "teacher" in result.eval:
+        lines.append(teacher_line(result.eval["teacher"]))
     if result.resumed_from_step is not None:
         lines.append(f"resumed from checkpoint step {result.resumed_from_step}")
     return lines
 
 
+_TEACHER_MEASURES = (  # (key of teacher_metrics, how the report says it)
+    ("kl", "KL(teacher || student) {:.4f} nats/token"),
+    ("kl_bins", "KL over the k + 1 bins {:.4f} nats/token (a lower bound of the full KL)"),
+    ("kl_draws", "KL estimated from the draws {:.4f} nats/token"),
+    ("top1_agreement", "top-1 agreement {:.1%}"),
+    ("topk_mass", "the student's mass on the teacher's top-{k} {:.3f}"),
+    ("tail_shape_kl", "tail-shape KL (outside the top-{k}) {:.4f}"),
+)
+
+
+def teacher_line(measures: dict) -> str:
+    """The teacher-relative measures of eval.json's ``teacher`` as one sentence."""
+    parts = [text.format(measures[key], k=measures["k"]) for key, text in _TEACHER_MEASURES if key in measures]
+    return f"against {measures['against']}: {', '.join(parts)} over {measures['count']} positions"
+
+
 def write_report(plan, result) -> str:
     """Write ``report.md`` and ``loss.png`` into the run's output; returns the report's URI."""
+    from .losses import kd_metric_note
+
     config = plan.config
     rows = read_metrics(config.output)
     paths.write_bytes_atomic(paths.join(config.output, PLOT_NAME), loss_plot(rows, result.eval))
     settings = {"student": config.student, "data": plan.source.where, "steps": config.num_steps,
                 "batch size": f"{config.batch_size} x {config.grad_accum} (grad accum)",
-                "sequence length": plan.source.seq_len, "loss": plan.loss, "alpha": config.alpha,
+                "sequence length": plan.source.seq_len, "loss": plan.loss,
+                "KD metric": kd_metric_note(plan.loss, config.temperature, plan.proposal_temperature),
+                "alpha": config.alpha,
                 "alpha end": config.alpha_end, "alpha schedule": config.alpha_schedule,
                 "temperature": config.temperature, "learning rate": config.learning_rate, "seed": config.seed,
                 "export": result.export_dir}

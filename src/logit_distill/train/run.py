@@ -19,9 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..signals import Interrupted, StopOnSignal
 from ..store.lease import Lease
-from . import checkpointing, loader
+from . import checkpointing, epochs, loader
 from .config import TrainConfig
-from .losses import accumulation_scales
+from .losses import accumulation_scales, kd_metric_note, representation
 from .metrics import MetricsLog, StepMetrics, say
 from .export import TrainResult, finish
 from .plan import TrainPlan, plan_training, write_settings
@@ -63,7 +63,8 @@ def _train(plan: TrainPlan, lease) -> TrainResult:
     run = _Run(plan, student, teacher)
     if run.start < config.num_steps:
         say(f"training {config.num_steps} steps of {config.batch_size} x {config.grad_accum} examples of "
-            f"{source.seq_len} tokens on {jax.device_count()} device(s), loss {plan.loss}, from {source.where}"
+            f"{source.seq_len} tokens on {jax.device_count()} device(s), loss {plan.loss} (kd_loss: "
+            f"{kd_metric_note(plan.loss, config.temperature, plan.proposal_temperature)}), from {source.where}"
             + (f"; resuming at step {run.start}" if run.start else ""))
     last_metrics = _loop(plan, run, lease)
     return finish(plan, student, run.state, last_metrics, run.put)
@@ -93,7 +94,8 @@ class _Run:
         shardings = jax.tree.map(lambda x: x.sharding, state)
         self.train_step = jax.jit(
             make_train_step(student.apply, tx, loss=plan.loss, temperature=config.temperature,
-                            proposal_temperature=plan.proposal_temperature),
+                            proposal_temperature=plan.proposal_temperature, beta=config.jsd_beta, skew=config.skew,
+                            allow_biased_temperature=config.allow_biased_temperature),
             in_shardings=(shardings, batch_sharding, replicated, replicated),
             out_shardings=(shardings, replicated), donate_argnums=(0,))
         self.teacher_fn = source.teacher_function(config, plan.loss)
@@ -110,13 +112,23 @@ class _Run:
         self.state = state
         self.fields = source.batch_fields(plan.loss, config.temperature)
         self.grad_accum = config.grad_accum
+        # Online draws change per epoch (epoch 0: the dump's); a store's draws are what it holds.
+        self.draws_per_epoch = self.teacher_fn is not None and representation(plan.loss) == "sampled"
+        self.micro_batch = self.start * config.grad_accum  # micro-batches read so far (the loader's position)
+        self.num_examples = len(source)
 
     def next_batch(self, metrics: StepMetrics) -> dict:
         host = next(self.data_iter)
+        micro_batch, self.micro_batch = self.micro_batch, self.micro_batch + 1
         metrics.add_tokens(int(np.count_nonzero(host["segment_ids"])) * jax.process_count())
         batch = self.put({k: host[k] for k in self.fields if k in host})
         if self.teacher_fn is not None:  # the teacher runs on the batch, as in the dump (the same draws when sampled)
-            index = self.put({"i": host["example_index"].astype(np.int32)})["i"]
+            index = host["example_index"]
+            if self.draws_per_epoch:
+                epoch = epochs.row_epochs(micro_batch, len(index), self.num_examples,
+                                          process_index=jax.process_index(), process_count=jax.process_count())
+                index = epochs.draw_index(index, epoch, self.num_examples)
+            index = self.put({"i": np.asarray(index).astype(np.int32)})["i"]
             out = self.teacher_fn(self.teacher_params, batch["tokens"], batch["positions"], batch["segment_ids"],
                                   index)
             batch.update({k: v for k, v in out.items() if k in self.fields})

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..errors import InputError
 from . import loader
 from .config import TrainConfig
-from .losses import FIELDS
+from .losses import FIELDS, representation
 
 
 @dataclasses.dataclass
@@ -57,8 +57,8 @@ class TrainSource:
         return float(config.proposal_temperature)
 
     def tempered(self, loss: str, temperature: float) -> bool:
-        """Whether the loss needs the tail mass tempered at ``temperature`` (topk_tail_kl at T != 1)."""
-        return loss == "topk_tail_kl" and float(temperature) != 1.0
+        """Whether the loss needs the tail mass tempered at ``temperature`` (a topk_tail_* loss at T != 1)."""
+        return representation(loss) == "topk_tail" and float(temperature) != 1.0
 
     def batch_fields(self, loss: str, temperature: float) -> tuple:
         return loader.MODEL_FIELDS + FIELDS[loss] + (("tail_logprob_tempered",) if self.tempered(loss, temperature)
@@ -75,18 +75,23 @@ class TrainSource:
         options: dict = {"check": RecordCheck(self.manifest, self.records.uri)}  # (a store that exists)
         if self.tempered(loss, temperature):
             options["tempered_index"] = manifest_mod.tail_temperatures_of(self.manifest).index(float(temperature))
-        if loss == "sampled_kl":
+        if representation(loss) == "sampled":
             options["sample_width"] = int(self.manifest["shapes"]["num_samples"])
         return options
 
     def teacher_function(self, config: TrainConfig, loss: str) -> Callable | None:
         """Online: the teacher's selection for ``loss``, as the dump computes it
-        (``fn(params, tokens, positions, segment_ids, example_index) -> dict`` of the loss's fields)."""
+        (``fn(params, tokens, positions, segment_ids, example_index) -> dict`` of the loss's fields;
+        sampled: ``example_index`` keys the draws, ``epochs.draw_index`` gives each epoch its own)."""
         if self.teacher is None:
             return None
         from ..selection import make_teacher_sampled, make_teacher_topk
 
-        if loss == "sampled_kl":  # the dump's draws: keyed by (data seed, example index, position)
+        if representation(loss) == "full":  # the whole vocabulary
+            apply = self.teacher.apply
+            return lambda params, tokens, positions, segment_ids, _index: {
+                "teacher_logits": apply(params, tokens, positions, segment_ids)}
+        if representation(loss) == "sampled":  # the dump's draws: keyed by (data seed, example index, position)
             return make_teacher_sampled(self.teacher.apply, int(config.samples), seed=int(config.data_seed),
                                         proposal_temperature=config.proposal_temperature)
         tempered = self.tempered(loss, config.temperature)
@@ -150,11 +155,12 @@ def _online(config: TrainConfig) -> TrainSource:
 
     hf_config, teacher_identity, teacher_tokenizer = describe_model(config.teacher)
     V = int(hf_config["vocab_size"])
-    top_k = int(config.samples if config.top_k is None else config.top_k)
+    top_k = int(config.samples if config.top_k is None else config.top_k) if (
+        config.top_k is not None or config.samples is not None) else V  # full_*: the whole vocabulary
     if not 0 < top_k <= V:
         raise InputError(f"--top-k {top_k} must be in [1, {V}] (the teacher's vocabulary)")
-    if config.loss == "topk_tail_kl" and top_k >= V:
-        raise InputError(f"--loss topk_tail_kl needs tail mass, but --top-k {top_k} covers the teacher's whole "
+    if config.loss is not None and representation(config.loss) == "topk_tail" and top_k >= V:
+        raise InputError(f"--loss {config.loss} needs tail mass, but --top-k {top_k} covers the teacher's whole "
                          f"vocabulary ({V}): there is no tail; use --loss topk_kl")
     text_field = config.text_field or "text"
     max_len = int(hf_config.get("max_position_embeddings") or 0)

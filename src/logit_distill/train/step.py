@@ -24,20 +24,23 @@ def make_optimizer(lr_schedule, *, weight_decay: float, max_grad_norm: float | N
     return tx
 
 
-def make_train_step(apply, tx, *, loss: str, temperature: float, proposal_temperature: float = 1.0):
+def make_train_step(apply, tx, *, loss: str, temperature: float, proposal_temperature: float = 1.0,
+                    beta: float = 0.5, skew: float = 0.1, allow_biased_temperature: bool = False):
     """``step(state, batch, alpha, scale=1) -> (state, metrics)``, pure.
 
     ``alpha`` is a traced float32 scalar, so a CE-only run (alpha 0) and a KD
     run compile to the same function (``distill_loss`` picks the branch with
     ``lax.cond``) and their step times compare like for like. ``scale``
     multiplies the loss whose gradient is taken (``losses.accumulation_scales``:
-    token-weighted gradient accumulation); the metrics are unscaled. No host syncs.
+    token-weighted gradient accumulation); the metrics are unscaled. No host syncs. ``beta``, ``skew``
+    and ``allow_biased_temperature`` go to ``distill_loss``.
     """
 
     def loss_fn(params, batch, alpha, scale):
         logits = apply(params, batch["tokens"], batch["positions"], batch["segment_ids"])
         value, aux = distill_loss(logits, batch, kind=loss, alpha=alpha, temperature=temperature,
-                                  proposal_temperature=proposal_temperature)
+                                  proposal_temperature=proposal_temperature, beta=beta, skew=skew,
+                                  allow_biased_temperature=allow_biased_temperature)
         return value * scale, (value, aux)
 
     def step(state, batch, alpha, scale=jnp.float32(1.0)):

@@ -53,6 +53,11 @@ class TensorBoard:
         if self.remote and time.monotonic() - self._uploaded_at >= UPLOAD_EVERY_S:
             self.flush()
 
+    def write_scalars(self, group: str, step: int, values: dict) -> None:
+        """``group/name`` scalars at ``step`` (the held-out evaluation's)."""
+        for name, value in values.items():
+            self._writer.add_scalar(f"{group}/{name}", float(value), int(step))
+
     def flush(self) -> None:
         self._writer.flush()
         self._uploaded_at = time.monotonic()
