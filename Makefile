@@ -24,12 +24,17 @@ $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 
 venv: $(TEST_STAMP)
 
+# the test files run in parallel, one file per worker at a time (a file's module fixtures are built once);
+# TEST_WORKERS=1 runs them one after another
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 # the quick loop: everything but the multi-process, kill and image tests (pytest -m slow)
 quick-test: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 demo: $(DEMO_STAMP)
 	$(PY) -m pipelines.demo

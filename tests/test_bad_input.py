@@ -252,6 +252,7 @@ def dump_setup(tmp_path_factory):
 LEASE_DUMP = {"num_steps": 4, "steps_per_file": 1, "batch_size": 2, "seq_len": 16, "top_k": 4}
 
 
+@pytest.mark.slow
 def test_two_dumps_at_once_never_crash_or_corrupt(dump_setup, tmp_path, gcs_bucket):
     """Two dumps on one output, started 0-3 s apart, five times, locally and on the GCS emulator (the
     local and the GCS pair of a round run at the same time): each dump ends with exit 0 or the
@@ -461,6 +462,7 @@ def test_dump_bad_jsonl_gz_is_one_line(fault, tmp_path, capsys):
 # ----------------------------------------------------------------- GCS failures: within 15 s, one line
 
 
+@pytest.mark.slow
 def test_unreachable_gcs_endpoint_fails_fast(tmp_path):
     import time
 
@@ -475,6 +477,7 @@ def test_unreachable_gcs_endpoint_fails_fast(tmp_path):
     _assert_one_line(proc, "dump", contains=("is not reachable",))
 
 
+@pytest.mark.slow
 def test_real_gcs_without_network_or_credentials_fails_fast(tmp_path):
     """No emulator: the real endpoint, from a machine without network (here) or without credentials
     (elsewhere): one line within 15 s either way."""
@@ -509,6 +512,7 @@ def test_missing_bucket_fails_fast(gcs_emulator, small_store, capsys):
     assert time.perf_counter() - t0 < 15
 
 
+@pytest.mark.slow
 def test_silent_gcs_endpoint_fails_within_the_probe_timeout(tmp_path):
     """An endpoint that accepts connections but never answers (a black-holed proxy)."""
     import socket
@@ -531,6 +535,7 @@ def test_silent_gcs_endpoint_fails_within_the_probe_timeout(tmp_path):
     _assert_one_line(proc, "dump", contains=("no answer about bucket some-bucket within 3 s",))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_s", [0.2, 0.8, 1.5])
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130(after_s, dump_setup, tmp_path):
     import signal
@@ -599,6 +604,7 @@ def test_verify_report_on_a_read_only_folder_is_one_line(small_fs, small_store, 
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_disk_full_during_the_dump_is_one_line(small_fs, dump_setup, tmp_path):
     """A real ENOSPC: the store lives on a 160 KiB tmpfs; the chunks do not fit."""
     from dump_helpers import dump_args
@@ -686,6 +692,7 @@ def _nan_teacher(src: str, dst: str) -> str:
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{}, {"sharding": "fsdp+tensor", "selection": "sampled", "samples": 4}],
                          ids=["topk", "fsdp+tensor-sampled"])
 def test_nan_teacher_writes_no_chunk(values_setup, tmp_path, capsys, options):
@@ -787,6 +794,7 @@ def test_train_library_refuses_bad_floats(train_setup, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_train_stops_at_first_nonfinite_loss(train_setup, tmp_path, capsys):
     """A learning rate of 1e30 without clipping: step 1 is finite, step 2 overflows. Exit 3 names the
     step; the checkpoint of step 1 is the latest; no HF export."""
@@ -905,6 +913,7 @@ def tokenizer_setup(tmp_path_factory):
     return {"teacher": teacher, "student": student, "store": store, "data": data}
 
 
+@pytest.mark.slow
 def test_student_with_another_tokenizer_of_the_same_size_is_refused(tokenizer_setup, tmp_path, capsys):
     s = tokenizer_setup
     assert os.path.exists(os.path.join(s["store"], "tokenizer.json"))  # the store keeps its tokenizer

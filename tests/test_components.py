@@ -128,6 +128,7 @@ def test_fail_on_error_ends_the_run_with_the_stages_line_or_passes_its_value(cap
     assert capsys.readouterr().err == "logit-distill train: error: data path not found: x.jsonl\n"
 
 
+@pytest.mark.slow
 def test_a_retried_dump_takes_over_a_gone_attempts_lease_at_the_configured_timeout(work, tmp_path, monkeypatch):
     """The dump's retry may start before the lease of the attempt it replaces is stale (the task backs off
     60 s; a lease is stale after lease_timeout_s): the dump waits until it would be stale, takes it over and
@@ -210,6 +211,7 @@ def test_verify_passes_a_good_store_and_fails_a_damaged_one(work, dumped, tmp_pa
     assert report.metadata["first_failure"].startswith("verify failed: ")
 
 
+@pytest.mark.slow
 def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path):
     model = Model(uri=str(tmp_path / "model"))
     metrics, report = Metrics(uri=str(tmp_path / "m")), HTML(uri=str(tmp_path / "report.html"))
@@ -228,6 +230,7 @@ def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path
     assert "data:image/png;base64," in page and "held-out cross-entropy" in page
 
 
+@pytest.mark.slow
 def test_plan_training_names_the_folder_and_says_whether_it_is_done(work, dumped, tmp_path, capsys):
     """plan_training (CPU) computes the same folder as the training task, reads whether its training is done
     (export, and the evaluation when eval_data is asked for) and refuses a mistyped eval_data in one line;
@@ -282,6 +285,7 @@ def test_training_streams_tensorboard_to_a_run_per_student(gcs_bucket, monkeypat
     assert tensorboard.log_dir_for(str(tmp_path / "students" / "k")) == str(tmp_path / "students" / "k" / "tensorboard")
 
 
+@pytest.mark.slow
 def test_train_allows_another_tokenizer_only_when_asked(tmp_path):
     """allow_tokenizer_mismatch reaches the training: a student whose tokenizer.json differs from the store's
     is refused by default and trained when allowed, in a folder of its own (the flag is in the train key
@@ -339,6 +343,7 @@ def test_components_compile_on_a_pinned_image_without_pip():
     assert compiler  # the module imports
 
 
+@pytest.mark.slow
 def test_each_component_runs_as_a_kfp_local_task(work, tmp_path):
     """The components as tasks under kfp.local's SubprocessRunner (how KFP users test locally)."""
     from kfp import local
@@ -389,6 +394,7 @@ def test_vertex_cluster_spec_names_the_coordinator_and_process():
     assert vertex_cluster(None) is None
 
 
+@pytest.mark.slow
 def test_two_host_dump_job_writes_outputs_from_process_0_only(work, tmp_path):
     """A 2-replica job as Vertex starts it (CLUSTER_SPEC): both hosts write their chunks; only process 0
     returns and writes the task's outputs; the other exits 0 without any."""

@@ -52,6 +52,7 @@ def _check_every_committed_chunk(uri):
     return s.scan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "gcs"])
 def test_sigkill_never_leaves_an_accepted_incomplete_chunk(backend, tmp_path, request):
     root = str(tmp_path) if backend == "local" else request.getfixturevalue("gcs_bucket")

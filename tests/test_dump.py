@@ -35,6 +35,7 @@ def _config(setup, output, **kw):
     return DumpConfig(**base)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec_name,packing", [("exact", True), ("default", True), ("exact", False)])
 def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing):
     import torch
@@ -77,6 +78,7 @@ def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing
     assert checked > 100
 
 
+@pytest.mark.slow
 def test_rerun_is_a_noop_and_bytes_are_deterministic(setup, tmp_path, capsys):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     ra = run_dump(_config(setup, a))
@@ -89,6 +91,7 @@ def test_rerun_is_a_noop_and_bytes_are_deterministic(setup, tmp_path, capsys):
     assert "the teacher was not loaded" in capsys.readouterr().err  # a complete store: a scan of names only
 
 
+@pytest.mark.slow
 def test_deleted_middle_chunk_is_filled(setup, tmp_path):
     out = str(tmp_path / "s")
     run_dump(_config(setup, out))
@@ -192,6 +195,7 @@ def _kill_and_rerun(args, rng, kills, uri):
     return done, counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "gcs"])
 def test_sigkill_at_random_moments_then_rerun_equals_uninterrupted(setup, tmp_path, backend, request):
     root = str(tmp_path) if backend == "local" else request.getfixturevalue("gcs_bucket")
@@ -207,6 +211,7 @@ def test_sigkill_at_random_moments_then_rerun_equals_uninterrupted(setup, tmp_pa
     assert chunk_bytes(uri) == chunk_bytes(ref)
 
 
+@pytest.mark.slow
 def test_sigterm_commits_what_is_complete_and_exits_nonzero(setup, tmp_path):
     out = str(tmp_path / "s")
     args = dump_args(setup["teacher"], setup["data"], out, num_steps=60, steps_per_file=1)
@@ -242,6 +247,7 @@ def _assert_same_records(a, b):
             np.testing.assert_array_equal(x[key], y[key])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device_batch", [None, 2])
 def test_same_bytes_on_one_and_four_devices(setup, tmp_path, device_batch):
     outs = {}
@@ -299,6 +305,7 @@ def _multihost(setup, out):
     return outs
 
 
+@pytest.mark.slow
 def test_two_processes_write_their_own_chunks_and_resume_together(setup, tmp_path):
     single = str(tmp_path / "single")
     run_dump(_config(setup, single, codec="exact"))
@@ -360,6 +367,7 @@ def _nan_embedding_teacher(src, dst, token):
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("owner,settings", [
     (1, {}),
     (0, {"sharding": "fsdp+tensor", "selection": "sampled", "samples": 4}),

@@ -75,6 +75,7 @@ def _no_step_taken(output):
 # ----------------------------------------------------------------------------- KD beats CE, export
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [TRANSFORMER, RECURRENT], ids=["transformer", "recurrence"])
 def test_example_student_learns_more_from_kd_than_ce_and_reloads(setup, tmp_path, spec):
     common = dict(store=setup["store"], student=spec, num_steps=30, batch_size=8, learning_rate=1e-2, loss="topk_kl",
@@ -120,6 +121,7 @@ def _cli_cmd(setup, output, num_steps):
             "--batch-size", "4", "--checkpoint-every", "10", "--log-every", "10", "--no-progress", "--json"]
 
 
+@pytest.mark.slow
 def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     steps = 100
@@ -151,6 +153,7 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     assert _metrics(killed)[-1]["loss"] == pytest.approx(whole.metrics["loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, small_offline_run, tmp_path):
     off = small_offline_run
     n = len(store_mod.open_store(setup["store"]))
@@ -163,6 +166,7 @@ def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, sma
 # ----------------------------------------------------------------------------- sharding, component
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_devices_follows_the_annotations_and_matches_one_device(setup, small_offline_run, tmp_path):
     spec = SMALL_TRANSFORMER
     common = dict(SMALL_RUN, store=setup["store"])
@@ -204,6 +208,7 @@ def test_fsdp_on_two_devices_follows_the_annotations_and_matches_one_device(setu
     assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in ref], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_train_component_takes_a_flax_spec(setup, tmp_path):
     import components
     from kfp.dsl import HTML, Dataset, Metrics, Model

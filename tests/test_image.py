@@ -8,6 +8,7 @@ import os
 import re
 import tomllib
 from importlib import metadata
+import pytest
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -253,6 +254,7 @@ def _build_in_venv(root: str, venv: str, fs: str) -> tuple[dict, list[str]]:
     return env, cmd
 
 
+@pytest.mark.slow
 def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
     """The Dockerfile's install step for the CPU image, for real: a fresh venv gets the lock (hashes
     required, no dependencies resolved), the package, `pip check` and the import check, all from

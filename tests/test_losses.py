@@ -290,6 +290,7 @@ BASE_KINDS = ("topk_kl", "topk_tail_kl", "sampled_kl")
 MASKING_KINDS = BASE_KINDS + ("full_skew_reverse_kl",)
 
 
+@pytest.mark.slow
 def test_garbage_at_masked_positions_is_ignored():
     batch, student, full_lp = make_batch(seed=5)
     bad = poison_masked(batch)

@@ -246,6 +246,7 @@ def test_random_student_through_gcs(tmp_path, gcs_bucket):
     assert hf.dtype == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_presets_load_and_match_transformers():
     from tokenizers import Tokenizer
 
@@ -381,6 +382,7 @@ _SHARD_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_apply_matches_single_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _SHARD_SCRIPT], env=env, capture_output=True, text=True, timeout=300)

@@ -106,6 +106,7 @@ def _assert_matches(ours, ref, k=8):
     np.testing.assert_array_equal(np.argsort(-lp, -1, kind="stable")[..., :k], np.argsort(-lp_ref, -1, kind="stable")[..., :k])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HF_CONFIGS))
 def test_parity_with_transformers(ckpts, name):
     d, hf = ckpts[name]
@@ -121,6 +122,7 @@ def test_parity_with_transformers(ckpts, name):
     _assert_matches(ours, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,attention", [("qwen3_moe", "dense"), ("glm4_moe", "dense"), ("gpt_oss", "dense"),
                                             ("gpt_oss", "blocked"), ("deepseek_v3", "blocked")])
 def test_packed_documents_match_separate_runs(ckpts, name, attention, monkeypatch):
@@ -169,6 +171,7 @@ def _numpy_experts(cfg, ex, x, ids, weights):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
 def test_grouped_matmuls_agree_with_each_other_and_numpy(ckpts, name):
     m = load_model(ckpts[name][0])

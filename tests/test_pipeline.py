@@ -29,6 +29,7 @@ def _spec(name: str) -> dict:
         return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+@pytest.mark.slow
 def test_compiled_is_current(tmp_path):
     written = compile_mod.compile_all(str(tmp_path))
     assert {f"components/{n}" for n in ("plan_dump", "dump_teacher_topk", "verify_logits",
@@ -302,6 +303,7 @@ def _compile_vertex(path, **options) -> dict:
         return yaml.safe_load(f)
 
 
+@pytest.mark.slow
 def test_multi_host_and_tpu_compiles(tmp_path):
     d = _compile_vertex(tmp_path / "multi.yaml", dump_replicas=2, train_replicas=2, dump_retries=5,
                         train_retries=0, max_backoff="600s")
@@ -499,6 +501,7 @@ def _chunks(store: str) -> list[str]:
     return sorted(n for n in os.listdir(store) if n.endswith(".array_record") and not n.startswith("."))
 
 
+@pytest.mark.slow
 def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path, capsys):
     import numpy as np
     from kfp import local
@@ -619,6 +622,7 @@ def test_local_pipeline_resumes_a_killed_dump_and_trains(tmp_path, capsys):
     assert "verification-failed" in out and "train-offline-student" not in out
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
     """`make demo`: data sampled from the teacher, dump, verify, KD and CE-only students, summary."""
     import subprocess
@@ -637,6 +641,7 @@ def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
     assert values["teacher"] < values["KD student"] < values["CE-only student"], values
 
 
+@pytest.mark.slow
 def test_from_store_pipeline_resumes_a_killed_training(tmp_path):
     """logit-distill-from-store (import -> verify -> train) under kfp.local; the training task killed after
     its first checkpoint resumes from it when the run is repeated (its folder is keyed by the settings)."""

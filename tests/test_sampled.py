@@ -46,6 +46,7 @@ def _config(setup, output, **kw):
 # ------------------------------------------------------------------ selection and codec
 
 
+@pytest.mark.slow
 def test_draws_are_keyed_by_example_and_position_and_follow_the_teacher():
     rng = np.random.default_rng(0)
     V, N = 12, 16
@@ -69,6 +70,7 @@ def test_draws_are_keyed_by_example_and_position_and_follow_the_teacher():
     assert not np.array_equal(np.asarray(other_seed["sample_counts"][0]), counts[7])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec_name", ["exact", "default"])
 def test_sampled_record_round_trip(codec_name):
     rng = np.random.default_rng(1)
@@ -100,6 +102,7 @@ def test_sampled_record_round_trip(codec_name):
 # ------------------------------------------------------------------ dump, resume, verify
 
 
+@pytest.mark.slow
 def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
     from logit_distill.verify import verify_store
 
@@ -162,6 +165,7 @@ def test_verify_catches_counts_that_do_not_sum_to_n(tmp_path):
 # ------------------------------------------------------------------ the sampled loss
 
 
+@pytest.mark.slow
 def test_sampled_kl_matches_float64_reference():
     rng = np.random.default_rng(3)
     V, N, Lq = 40, 16, 5
@@ -184,6 +188,7 @@ def test_sampled_kl_matches_float64_reference():
             np.testing.assert_allclose(got[j], want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_sampled_kl_gradient_is_unbiased_and_topk_kl_is_not():
     rng = np.random.default_rng(4)
     V, N, K, draws = 20, 8, 5, 4000
@@ -232,6 +237,7 @@ def test_topk_tail_kl_with_stored_tempered_tail_is_exact(T):
 # ------------------------------------------------------------------ gradient accumulation
 
 
+@pytest.mark.slow
 def test_accumulation_is_token_weighted():
     from logit_distill.train.step import make_train_step
 
@@ -273,6 +279,7 @@ def test_accumulation_is_token_weighted():
 # ------------------------------------------------------------------ training
 
 
+@pytest.mark.slow
 def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
     from logit_distill.train import epochs, teacher_metrics, train_student
     from logit_distill.train.loader import OnlineSource
@@ -345,6 +352,7 @@ def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
     np.testing.assert_array_equal(keys[8:], examples[8:] + 8)
 
 
+@pytest.mark.slow
 def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):
     from logit_distill.train import train_student
 

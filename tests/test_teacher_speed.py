@@ -65,6 +65,7 @@ def test_blocked_attention_matches_dense(name, monkeypatch):
     assert np.abs(_logits(m, "blocked", batch) - ref).max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_pallas_gpu_kernel_matches_dense(name, monkeypatch):
     """jax's Pallas GPU flash kernel in interpret mode (Gemma's windowed layers fall back to blocked).
@@ -79,6 +80,7 @@ def test_pallas_gpu_kernel_matches_dense(name, monkeypatch):
     assert np.abs(got - _logits(m, "dense", batch))[real].max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_splash_attention_matches_dense(name, monkeypatch):
     """jax's splash attention (TPU) in interpret mode, every family: Gemma 3's sliding windows and both
@@ -93,6 +95,7 @@ def test_splash_attention_matches_dense(name, monkeypatch):
     assert np.abs(got - _logits(m, "dense", batch))[real].max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["pallas_gpu", "pallas_tpu"])
 def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
     """The dump's jitted step (``shard_map`` over the batch, examples one at a time) with each Pallas
@@ -215,6 +218,7 @@ def test_block_top_k_is_lax_top_k(k):
         np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3", "gemma3-softcaps"])
 def test_vocabulary_chunked_selection_matches_full(name):
     """Chunks of 100 of a 512 vocabulary (6 chunks): the same ids; log-probs and tail within 3e-6 (a few float32
@@ -250,6 +254,7 @@ def test_vocabulary_chunked_selection_matches_full(name):
             assert np.abs(got[key] - f64).max() <= np.abs(ref[key] - f64).max() + 3e-6, (chunk, key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,t", [("qwen3", 1.0), ("gemma3-softcaps", 0.7)])
 def test_vocabulary_chunked_sampling_matches_full(name, t):
     """The chunked sampled selection draws the same ids with the same counts as the unchunked one for the
@@ -283,6 +288,7 @@ def test_vocabulary_chunked_sampling_matches_full(name, t):
             assert np.abs(out["sample_logprobs"] - lp_ref["sample_logprobs"]).max() <= bound, chunk
 
 
+@pytest.mark.slow
 def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
     """XLA's compiled memory analysis: the chunked selections' temporaries (sampled and top-k) stay flat
     from V = 4096 to 16384 (chunks of 1024), while the unchunked selection's grow with V."""
@@ -311,6 +317,7 @@ def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
     assert topk[1] < 1.2 * topk[0], topk
 
 
+@pytest.mark.slow
 def test_device_batch_groups_examples_with_the_same_results():
     m = _model("qwen3")
     tokens, pos, seg = _packed_batch(m.vocab_size)
@@ -420,6 +427,7 @@ _TP_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_tensor_parallel_and_streamed_loading_on_eight_devices(tmp_path, gcs_emulator):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _TP_SCRIPT, str(tmp_path / "teacher")], env=env,

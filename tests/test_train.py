@@ -74,6 +74,7 @@ def _no_step_taken(output):
 # ----------------------------------------------------------------------------- distillation works
 
 
+@pytest.mark.slow
 def test_kd_student_beats_ce_student(setup, kd_run, tmp_path):
     ce = train_student(TrainConfig(store=setup["store"], student=setup["student"], output=str(tmp_path / "ce"),
                        num_steps=KD_STEPS, batch_size=8, learning_rate=1e-2, alpha=0.0,
@@ -100,6 +101,7 @@ def test_loss_falls_and_metrics_are_written(kd_run):
     assert kd_run.resumed_from_step is None and kd_run.final_step == KD_STEPS
 
 
+@pytest.mark.slow
 def test_hf_export_loads_in_transformers_with_same_logits(setup, kd_run):
     import torch
     import transformers
@@ -129,6 +131,7 @@ def _cli_cmd(setup, output, num_steps):
             "--batch-size", "4", "--checkpoint-every", "10", "--log-every", "10", "--no-progress", "--json"]
 
 
+@pytest.mark.slow
 def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     steps = 150
     killed = str(tmp_path / "killed")
@@ -167,6 +170,7 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
     assert again.resumed_from_step == steps and again.metrics["step"] == steps
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_nonzero(setup, tmp_path):
     steps = 400
     out = str(tmp_path / "term")
@@ -187,6 +191,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_nonzero(setup, tmp_path):
     assert json.loads(rerun.stdout)["resumed_from_step"] == at
 
 
+@pytest.mark.slow
 def test_rerun_with_other_settings_is_refused(setup, tmp_path):
     out = str(tmp_path / "o")
     kw = dict(store=setup["store"], student=setup["student"], output=out, batch_size=4, progress=False)
@@ -198,6 +203,7 @@ def test_rerun_with_other_settings_is_refused(setup, tmp_path):
 # ----------------------------------------------------------------------------- online == offline
 
 
+@pytest.mark.slow
 def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, tmp_path):
     common = dict(student=setup["student"], num_steps=6, batch_size=4, learning_rate=1e-2, seed=3,
                   loss="topk_tail_kl", alpha=0.7, checkpoint_every=100, progress=False)
@@ -215,6 +221,7 @@ def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, tmp
 # ----------------------------------------------------------------------------- schedules, accumulation
 
 
+@pytest.mark.slow
 def test_alpha_schedule_lr_and_grad_accum(setup, tmp_path):
     from logit_distill.train.schedules import learning_rate_schedule
 
@@ -278,6 +285,7 @@ def test_incomplete_store_is_refused(setup, tmp_path):
     _no_step_taken(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["top_k_is_vocab", "tail_at_floor", "tail_minus_inf"])
 def test_tail_loss_without_tail_mass_is_refused(setup, tmp_path, case):
     if case == "top_k_is_vocab":
@@ -415,6 +423,7 @@ def test_cli_help_and_error_exit(setup, tmp_path, capsys):
 # ----------------------------------------------------------------------------- data parallel
 
 
+@pytest.mark.slow
 def test_two_devices_replicated_and_fsdp_match_one_device(setup, tmp_path):
     """The batch split over 2 (fake CPU) devices, params replicated or fsdp: same weights as 1 device."""
     common = dict(store=setup["store"], student=setup["student"], num_steps=4, batch_size=4,
@@ -441,6 +450,7 @@ def test_two_devices_replicated_and_fsdp_match_one_device(setup, tmp_path):
         assert max_weight_diff(one.hf_dir, str(tmp_path / mode / "hf")) <= 0.5 * common["learning_rate"], mode
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(setup, tmp_path):
     """JAX multi-controller: 2 CPU processes through jax.distributed, each loading its share of the
     batch, give the losses of 1 process; checkpoints and the HF export are written once."""

@@ -47,6 +47,7 @@ def _weights(fs, hf_dir: str) -> dict:
     return load(fs.cat_file(hf_dir.removeprefix("gs://") + "/model.safetensors"))
 
 
+@pytest.mark.slow
 def test_sigkill_and_rerun_on_gcs_gives_the_weights_of_an_uninterrupted_run(gcs_setup, gcs_bucket, tmp_path):
     import gcsfs
 

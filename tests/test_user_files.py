@@ -254,6 +254,7 @@ def test_verify_data_uses_the_stores_tokenizer_from_any_folder(dumped, tmp_path)
     assert "data_alignment: passed" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_flax_student_evaluates_and_exports_with_the_stores_tokenizer(dumped, tmp_path):
     """From another folder, with no tokenizer given: the store's copy reads the held-out data and ships
     with the export."""
@@ -283,6 +284,7 @@ def test_train_text_field_reads_the_eval_data(dumped, tmp_path, capsys):
 # ----------------------------------------------------------------- one voice
 
 
+@pytest.mark.slow
 def test_every_command_ends_with_one_summary_line_on_stderr(dumped, tmp_path, capsys):
     out = tmp_path / "o"
     code, stdout, err = run_cli(capsys, "train", "--store", dumped["store"], "--student", dumped["student"],
@@ -301,6 +303,7 @@ def test_every_command_ends_with_one_summary_line_on_stderr(dumped, tmp_path, ca
     assert json.loads(stdout)["passed"] is True
 
 
+@pytest.mark.slow
 def test_the_cli_train_writes_the_report(dumped, tmp_path, capsys):
     out = tmp_path / "o"
     code, _, err = run_cli(capsys, "train", "--store", dumped["store"], "--student", dumped["student"], "--output", out,
@@ -322,6 +325,7 @@ def test_the_verify_report_labels_the_entropy_a_lower_bound(dumped, tmp_path, ca
 # ----------------------------------------------------------------- training defaults
 
 
+@pytest.mark.slow
 def test_a_store_whose_top_k_is_the_vocabulary_trains_with_the_exact_loss(tmp_path, capsys):
     from logit_distill import store as store_mod
     from logit_distill.store.synthetic import synthetic_step
