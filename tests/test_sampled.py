@@ -262,7 +262,7 @@ def test_accumulation_is_token_weighted():
 
     sgd = optax.sgd(1.0)
     want = run(sgd, [one], [jnp.float32(1.0)])
-    scales = L.accumulation_scales([b["segment_ids"] for b in batches])
+    scales = L.accumulation_scales(batches)
     np.testing.assert_allclose([float(s) for s in scales], [2 * 1 / 8, 2 * 7 / 8])
     got = run(optax.MultiSteps(sgd, every_k_schedule=2), batches, scales)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

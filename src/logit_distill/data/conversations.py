@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from logit_distill.errors import InputError
@@ -99,6 +99,23 @@ class ChatOptions:
         except (TypeError, ValueError) as e:
             raise InputError(f"template_kwargs must be JSON values (they enter the data identity): {e}") from None
         return self
+
+    @classmethod
+    def from_identity(cls, chat: dict | None) -> "ChatOptions":
+        """The options a data set with this ``chat`` identity entry was read with (the store's
+        ``content.data.chat``), to read the same data, or held-out data, the same way; the defaults
+        for None (text or token ids). The template comes from the tokenizer's folder (the store keeps
+        the one its data was rendered with)."""
+        if not chat:
+            return cls()
+        names = {f.name for f in fields(cls)} - {"chat_template"}
+        kwargs = {k: chat[k] for k in names if k in chat}
+        for k in ("roles", "supervise_roles", "reasoning_tags"):
+            if k in kwargs:
+                kwargs[k] = tuple(kwargs[k])
+        if kwargs.get("mask_method") is None:  # prompt/completion strings: no template, no method
+            kwargs["mask_method"] = "auto"
+        return cls(**kwargs).check()
 
     def identity(self) -> dict:
         """The options as JSON (part of the data identity of a chat data set)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..data import ChatOptions
 from ..errors import InputError
 from ..store import manifest as manifest_mod
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
@@ -32,6 +33,7 @@ class DumpConfig:
     packing: bool = True
     dtype: str = "float32"
     text_field: str = "text"
+    chat: ChatOptions = dataclasses.field(default_factory=ChatOptions)  # conversations: format, template, masks
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
     selection: str = "topk"  # topk | sampled
     samples: int | None = None  # sampled: draws per position (N)
@@ -81,6 +83,9 @@ class DumpConfig:
             raise InputError(f"--lease-timeout must be finite and > 0 seconds, got {self.lease_timeout_s}")
         if not self.text_field or not isinstance(self.text_field, str):
             raise InputError(f"--text-field must be a non-empty name, got {self.text_field!r}")
+        if not isinstance(self.chat, ChatOptions):
+            raise InputError(f"chat must be a ChatOptions, got {type(self.chat).__name__}")
+        self.chat.check()
         from ..models.attention import check_attention
         from ..models.sharding import check_mode
 
@@ -95,7 +100,8 @@ class DumpConfig:
     @property
     def inputs(self) -> dict:
         """The input paths by flag (outputs must not overlap them)."""
-        return {"--teacher": self.teacher, "--data": self.data, "--tokenizer": self.tokenizer}
+        return {"--teacher": self.teacher, "--data": self.data, "--tokenizer": self.tokenizer,
+                "--chat-template": self.chat.chat_template}
 
     def selection_settings(self) -> dict:
         """The manifest's selection fields."""

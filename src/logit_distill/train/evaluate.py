@@ -1,10 +1,12 @@
 """Held-out evaluation of a student: next-token cross-entropy and perplexity.
 
-The evaluation data is read with ``ExampleSource`` (JSONL text or pre-tokenized
-ArrayRecord) at the store's ``seq_len`` and packing, tokenized with the
-student's tokenizer, in order (no shuffle). The mean is over every position
-that predicts a token of its own document (``losses.next_token_mask``), so
-padding and document boundaries do not count.
+The evaluation data is read with ``ExampleSource`` (JSONL or Parquet text or
+conversations, or pre-tokenized ArrayRecord) at the store's ``seq_len`` and
+packing, with the chat options the training data was read with, in order (no
+shuffle). The mean is over the supervised positions (``losses.training_mask``:
+every position that predicts a token of its own document, and for
+conversations only the assistant's tokens), so padding, document boundaries and
+prompts do not count.
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import ExampleSource
+from ..data import ChatOptions, ExampleSource
 from ..errors import InputError
-from .losses import cross_entropy_per_token, next_token_mask, next_token_targets
+from .losses import cross_entropy_per_token, next_token_targets, training_mask
 
 FIELDS = ("tokens", "positions", "segment_ids")
 
 
 def open_eval_data(path: str, tokenizer_path: str | None, *, seq_len: int, packing: bool,
-                   vocab_size: int, text_field: str = "text") -> ExampleSource:
+                   vocab_size: int, text_field: str = "text", chat: ChatOptions | None = None) -> ExampleSource:
     """``ExampleSource`` over the held-out data, checked against the student's vocabulary."""
     examples = ExampleSource.open(path, tokenizer_path, seq_len=seq_len, packing=packing, seed=0,
-                                  text_field=text_field)
+                                  text_field=text_field, chat=chat)
     examples.check_vocab(vocab_size)
     if len(examples) == 0:
         raise InputError(f"evaluation data {path} holds no examples")
@@ -34,12 +36,12 @@ def open_eval_data(path: str, tokenizer_path: str | None, *, seq_len: int, packi
 
 
 def make_eval_step(apply):
-    """``fn(params, tokens, positions, segment_ids) -> (sum of CE, number of positions)``, jitted."""
+    """``fn(params, tokens, positions, segment_ids, loss_mask) -> (sum of CE, number of positions)``, jitted."""
 
     @jax.jit
-    def eval_step(params, tokens, positions, segment_ids):
+    def eval_step(params, tokens, positions, segment_ids, loss_mask):
         logits = apply(params, tokens, positions, segment_ids)
-        mask = next_token_mask(segment_ids)
+        mask = training_mask({"segment_ids": segment_ids, "loss_mask": loss_mask})
         targets = jnp.where(mask, next_token_targets(tokens), 0)
         per = cross_entropy_per_token(logits, targets)
         return jnp.sum(jnp.where(mask, per, 0.0)), jnp.sum(mask, dtype=jnp.int32)
@@ -52,7 +54,7 @@ def evaluate(apply, params, examples, *, batch_size: int, put=None, max_examples
     """Cross-entropy (nats per token) and perplexity of ``params`` on ``examples``.
 
     ``batch_size`` is global; the last batch is padded with padding rows
-    (segment id 0, masked out). ``put(dict of numpy [b, L]) -> dict of arrays``
+    (segment id 0, masked out). Only supervised positions (``loss_mask``) count. ``put(dict of numpy [b, L]) -> dict of arrays``
     places this process's rows of a batch on devices (default: ``jnp.asarray``).
     """
     n = len(examples) if max_examples is None else min(len(examples), int(max_examples))
@@ -64,16 +66,17 @@ def evaluate(apply, params, examples, *, batch_size: int, put=None, max_examples
     for start in range(0, n, batch_size):
         lo = start + process_index * per_process
         idx = [i for i in range(lo, lo + per_process) if i < n]
-        rows = examples.batch(idx) if idx else {k: np.zeros((0, L), np.int32) for k in FIELDS}
+        rows = examples.batch(idx) if idx else examples.batch([])
         pad = per_process - len(idx)
         if pad:
-            rows = {k: np.concatenate([rows[k], np.zeros((pad, L), np.int32)]) for k in FIELDS}
-        arrays = put({k: rows[k] for k in FIELDS})
-        s, c = step(params, arrays["tokens"], arrays["positions"], arrays["segment_ids"])
+            rows = {k: np.concatenate([rows[k], np.zeros((pad, L), rows[k].dtype)]) for k in (*FIELDS, "loss_mask")}
+        arrays = put({k: rows[k] for k in (*FIELDS, "loss_mask")})
+        s, c = step(params, arrays["tokens"], arrays["positions"], arrays["segment_ids"], arrays["loss_mask"])
         total += float(s)
         count += int(c)
     if count == 0:
-        raise InputError("the evaluation data has no position with a next token of the same document")
+        raise InputError("the evaluation data has no supervised position (a next token of the same document, and "
+                         "for conversations an assistant's token)")
     ce = total / count
     return {
         "cross_entropy": ce,
