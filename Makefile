@@ -37,7 +37,8 @@ demo: $(DEMO_STAMP)
 compile: $(DEMO_STAMP)
 	$(PY) -m pipelines.compile
 
-# containers/requirements.lock: the component image's packages, pinned with hashes (run on Linux x86_64).
+# containers/requirements-{cpu,cuda,tpu}.lock: the component image's packages per backend, pinned with hashes,
+# from containers/image.toml (run on Linux x86_64, CPython 3.11: the image's platform).
 lock: $(DEMO_STAMP)
 	$(PY) containers/lock.py
 

@@ -22,6 +22,8 @@ GOALS = {  # key -> (comparison, goal); None: reported without a goal
     "teacher_flop_utilization_4096": (">=", 0.5),
     "attention_temp_bytes_ratio_8192_over_2048": ("<=", 5.0),
     "load_over_read_ratio": ("<=", 1.3),
+    "moe_teacher_flop_utilization": (">=", 0.35),
+    "moe_over_dense_step_ratio": ("<=", 1.5),
 }
 
 
@@ -143,6 +145,16 @@ def explain(key: str, d: dict, results: dict) -> str:
                 "matmul, the mask, the max, the exponentials and the value matmul as separate passes over "
                 "[rows, keys] blocks, memory-bound; key-tiled (flash) and per-head variants measured no faster) "
                 "and the top-k selection's passes over the [L, 32k] logits, neither of them FLOPs.")
+    if key == "moe_teacher_flop_utilization":
+        return (f"active-parameter model FLOPs/s of the dump's teacher step ({d['teacher']}, {d['dtype']}, "
+                f"{d['batch']} x {d['seq_len']} tokens, top-k {d['top_k']}, attention `{d['attention']}`) over a "
+                f"{d['matmul']['size']}^3 {d['dtype']} matmul's, alternated in one process: "
+                f"{d['teacher_gflops_per_s']:.0f} vs {d['matmul_gflops_per_s']:.0f} GFLOP/s (step {_s(d['moe_step'])}, "
+                f"{d['tokens_per_s']:.0f} tokens/s; router, the k experts and attention counted, dropless routing).")
+    if key == "moe_over_dense_step_ratio":
+        return (f"the dump's teacher step of the MoE bench teacher ({d['moe']}) {_s(d['moe_step'])} over the dense "
+                f"bench teacher's ({d['dense']}) {_s(d['dense_step'])}, the same active FLOPs per token, "
+                f"{d['batch']} x {d['seq_len']} tokens, alternated in one process.")
     if key == "attention_temp_bytes_ratio_8192_over_2048":
         return (f"XLA's compiled memory analysis of the dump's teacher step (bench teacher, batch 1, attention "
                 f"`{d['attention']}`): temporaries {d['temp_bytes_8192'] / 2**20:.0f} MiB at L=8192 vs "

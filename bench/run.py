@@ -33,7 +33,7 @@ SIZES = {
         "fid_docs": 512, "fid_eval_docs": 64, "fid_seq_len": 32, "fid_batch": 8, "fid_steps": 200, "fid_seeds": 3,
         "fid_lr": 1e-2,
         "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 5, "teacher_matmul_n": 2048,
-        "load_repeats": 5,
+        "load_repeats": 5, "moe_shape": (2, 1024),
     },
     "full": {
         "selection_seq_len": 512, "selection_repeats": 15,
@@ -46,13 +46,13 @@ SIZES = {
         "fid_docs": 1024, "fid_eval_docs": 128, "fid_seq_len": 32, "fid_batch": 8, "fid_steps": 400, "fid_seeds": 3,
         "fid_lr": 3e-3,
         "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 9, "teacher_matmul_n": 2048,
-        "load_repeats": 9,
+        "load_repeats": 9, "moe_shape": (2, 1024),
     },
     # ``--device``: the teacher group on an accelerator (bench/device_teacher.sh): a 1.7B bfloat16
     # teacher, 8 x 4096 tokens a step, against an 8192^3 bfloat16 matmul
     "device": {
         "teacher_model": "device", "teacher_shapes": [(8, 4096)], "teacher_repeats": 5, "teacher_matmul_n": 8192,
-        "load_repeats": 3,
+        "load_repeats": 3, "moe_shape": (8, 4096),
     },
 }
 
@@ -74,6 +74,8 @@ KEYS = {
     "teacher_flop_utilization_4096": "teacher",
     "attention_temp_bytes_ratio_8192_over_2048": "teacher",
     "load_over_read_ratio": "teacher",
+    "moe_teacher_flop_utilization": "teacher",
+    "moe_over_dense_step_ratio": "teacher",
 }
 ORDER = ["selection", "dump", "resume", "verify", "train", "kd", "fidelity", "teacher"]
 

@@ -1,10 +1,12 @@
 """Teacher figures: teacher_flop_utilization_{1024,4096}, attention_temp_bytes_ratio_8192_over_2048,
-load_over_read_ratio.
+load_over_read_ratio, moe_teacher_flop_utilization, moe_over_dense_step_ratio.
 
 Utilization is model FLOPs per second of the dump's jitted teacher step (forward + float32 top-k
 selection, exactly the function the dump runs) over the FLOPs per second of a dense matmul of the
 same dtype, the two timed alternately in this one process. Attention FLOPs are counted causal (half
 the square); the selection's work is not counted (it is not FLOPs, it is the price of the output).
+A mixture of experts counts its active parameters: the router, the k experts a token goes to, the
+shared experts.
 """
 
 from __future__ import annotations
@@ -139,6 +141,108 @@ def utilization(size: dict, cfg: dict = BENCH_TEACHER, dtype: str = "float32", m
     return out
 
 
+def moe_config(*, vocab_size: int, hidden: int, moe_intermediate: int, experts: int, top_k: int, layers: int,
+               heads: int, kv_heads: int, head_dim: int, max_len: int = 4096, dense_intermediate: int = 0) -> dict:
+    """A Qwen3-MoE-style HF config dict (as Qwen3-30B-A3B: every layer sparse, norm_topk_prob, qk-norm)."""
+    cfg = common.qwen3_config(vocab_size=vocab_size, hidden=hidden, intermediate=dense_intermediate or 4 * hidden,
+                              layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_len=max_len)
+    cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", moe_intermediate_size=moe_intermediate,
+               num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True, decoder_sparse_step=1,
+               mlp_only_layers=[])
+    return cfg
+
+
+# The MoE bench teacher: the bench teacher's attention and vocabulary with 64 experts, top-8, of 192 columns:
+# a token's 8 x 192 active expert columns are the dense bench teacher's 1536 MLP columns (same active FLOPs).
+MOE_BENCH_TEACHER = moe_config(vocab_size=32000, hidden=512, moe_intermediate=192, experts=64, top_k=8, layers=8,
+                               heads=8, kv_heads=4, head_dim=64)
+# The accelerator's MoE teacher: Qwen3-30B-A3B's shapes (48 layers, 128 experts top-8 of 768 columns, 3.3B
+# active of 30.5B parameters), random bfloat16 weights.
+DEVICE_MOE_TEACHER = moe_config(vocab_size=151936, hidden=2048, moe_intermediate=768, experts=128, top_k=8, layers=48,
+                                heads=32, kv_heads=4, head_dim=128, max_len=8192, dense_intermediate=6144)
+
+
+def moe_flops_per_token(cfg: dict, seq_len: int) -> float:
+    """Active-parameter forward FLOPs per token: attention and head as ``common.forward_flops_per_token``,
+    the router, the k experts of every MoE layer (no dense MLP in these configs)."""
+    d, n, e, k, i = (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_experts"], cfg["num_experts_per_tok"],
+                     cfg["moe_intermediate_size"])
+    dense_mlp = 2.0 * n * 3 * d * cfg["intermediate_size"]
+    return common.forward_flops_per_token(cfg, seq_len) - dense_mlp + 2.0 * n * (d * e + k * 3 * d * i)
+
+
+def moe(size: dict, want: set) -> dict:
+    """moe_teacher_flop_utilization (and on CPU moe_over_dense_step_ratio): the dump's teacher step of the
+    MoE bench teacher, the dense bench teacher's and a dense matmul, alternated in one process."""
+    import jax
+
+    from logit_distill.models import build_model, init_params
+
+    device = size.get("teacher_model") == "device"
+    cfg = DEVICE_MOE_TEACHER if device else MOE_BENCH_TEACHER
+    dtype = "bfloat16" if device else "float32"
+    B, L = size["moe_shape"]
+    repeats = size["teacher_repeats"]
+    extra = {"attention": os.environ.get("LOGIT_DISTILL_BENCH_ATTENTION", "auto")} if device else {}
+    if device:
+        models = {"moe": _random_params(cfg, dtype)}
+    else:  # the dense bench teacher too, for the ratio
+        models = {"moe": build_model(cfg, init_params(cfg, 0, dtype), dtype=dtype, identity={"kind": "bench"}),
+                  "dense": build_model(BENCH_TEACHER, init_params(BENCH_TEACHER, 0, dtype), dtype=dtype,
+                                       identity={"kind": "bench"})}
+    mm, mm_flops = _matmul_fn(size["teacher_matmul_n"], dtype)
+    mm()
+    steps, compile_s, computes = {}, {}, {}
+    args = _inputs(B, L, cfg["vocab_size"])
+    for name, model in models.items():
+        compute, run = _teacher_step(model, {"top_k": 64, "seq_len": L, "batch_size": B, "dtype": dtype, **extra})
+        steps[name] = (lambda run: lambda: jax.block_until_ready(run(*args)))(run)
+        t0 = time.perf_counter()
+        steps[name]()
+        compile_s[name] = time.perf_counter() - t0
+        computes[name] = compute
+    t_step, _ = common.timed(steps["moe"])
+    t_mm, _ = common.timed(mm)
+    reps = max(1, round(t_step / max(t_mm, 1e-9)))
+    log(f"moe teacher: B={B} L={L}: {repeats} interleaved rounds (compile {compile_s}, matmul x{reps})")
+    times = common.interleave({**{f"{n}_step": f for n, f in steps.items()},
+                               "matmul": lambda: [mm() for _ in range(reps)]}, repeats)
+    times["matmul"] = [t / reps for t in times["matmul"]]
+    flops = moe_flops_per_token(cfg, L) * B * L
+    per_round = [(flops / t) / (mm_flops / m) for t, m in zip(times["moe_step"], times["matmul"])]
+    step_s = common.median(times["moe_step"])
+    mm_s = common.median(times["matmul"])
+    details = {
+        "teacher": _describe_moe(cfg), "dtype": dtype, "batch": B, "seq_len": L, "top_k": 64,
+        "devices": jax.device_count(), "backend": jax.default_backend(),
+        "active_flops_per_step": flops, "moe_step": common.summary(times["moe_step"]),
+        "matmul": {**common.summary(times["matmul"]), "size": size["teacher_matmul_n"], "repeats_per_round": reps},
+        "teacher_gflops_per_s": flops / step_s / 1e9, "matmul_gflops_per_s": mm_flops / mm_s / 1e9,
+        "tokens_per_s": B * L / step_s, "compile_s": compile_s["moe"], "attention": computes["moe"].attention,
+        "device_batch": computes["moe"].device_batch, **_spec_mfu(flops / step_s),
+    }
+    out = {"moe_teacher_flop_utilization": {"value": common.median(per_round), "details": details}}
+    if "dense" in steps and "moe_over_dense_step_ratio" in want:
+        dense_flops = common.forward_flops_per_token(BENCH_TEACHER, L) * B * L
+        out["moe_over_dense_step_ratio"] = {
+            "value": common.ratio(times, "moe_step", "dense_step"),
+            "details": {"moe": _describe_moe(cfg), "dense": _describe(BENCH_TEACHER), "batch": B, "seq_len": L,
+                        "moe_step": common.summary(times["moe_step"]),
+                        "dense_step": common.summary(times["dense_step"]),
+                        "active_flops_per_step_moe": flops, "flops_per_step_dense": dense_flops,
+                        "what": "the dump's teacher step (forward + top-k) of the MoE bench teacher over the dense "
+                                "bench teacher's, same active FLOPs per token, alternated in one process"},
+        }
+    return out
+
+
+def _describe_moe(cfg: dict) -> str:
+    return (f"Qwen3-MoE-style, {cfg['num_hidden_layers']} layers, width {cfg['hidden_size']}, "
+            f"{cfg['num_experts']} experts top-{cfg['num_experts_per_tok']} of {cfg['moe_intermediate_size']} "
+            f"columns, {cfg['num_attention_heads']} heads of {cfg['head_dim']}, vocab {cfg['vocab_size']}, "
+            "random weights")
+
+
 def _spec_mfu(flops_per_s: float) -> dict:
     """MFU against the data-sheet dense bfloat16 peak of a known accelerator (none on CPU)."""
     import jax
@@ -240,4 +344,6 @@ def teacher(size: dict, want: set) -> dict:
         out.update(temp_bytes(size))
     if "load_over_read_ratio" in want:
         out.update(load_over_read(size))
+    if want & {"moe_teacher_flop_utilization", "moe_over_dense_step_ratio"}:
+        out.update(moe(size, want))
     return out

@@ -10,27 +10,26 @@ source) and a ``build(image)`` factory that turns it into a
 """
 
 from .image import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, check_image
-from . import (dump_teacher_topk, plan_dump, train_offline_student, use_existing_store, verification_failed,
-               verify_logits)
+from . import (dump_teacher_topk, fail_on_error, plan_dump, plan_training, preflight, train_offline_student,
+               use_existing_store, use_existing_student, verification_failed, verify_logits)
 
-__all__ = ["DEFAULT_CPU_IMAGE", "DEFAULT_IMAGE", "check_image", "dump_teacher_topk", "plan_dump",
-           "train_offline_student",
-           "use_existing_store", "verification_failed", "verify_logits", "build_all"]
+__all__ = ["DEFAULT_CPU_IMAGE", "DEFAULT_IMAGE", "check_image", "dump_teacher_topk", "fail_on_error", "plan_dump",
+           "plan_training", "preflight", "train_offline_student", "use_existing_store", "use_existing_student",
+           "verification_failed", "verify_logits", "build_all"]
 
 
 # The components that need an accelerator (dump, train); the others run on the CPU image.
 ACCELERATED = ("dump_teacher_topk", "train_offline_student")
+CPU = ("plan_dump", "preflight", "use_existing_store", "fail_on_error", "verify_logits", "verification_failed", "plan_training",
+       "use_existing_student")
 
 
 def build_all(image: str = DEFAULT_IMAGE, cpu_image: str | None = None) -> dict:
     """name -> component: dump and train on ``image``, the others on ``cpu_image`` (default: ``image``)."""
     check_image(image)
     cpu = check_image(cpu_image) if cpu_image else image
-    return {
-        "plan_dump": plan_dump.build(cpu),
-        "dump_teacher_topk": dump_teacher_topk.build(image),
-        "use_existing_store": use_existing_store.build(cpu),
-        "verify_logits": verify_logits.build(cpu),
-        "verification_failed": verification_failed.build(cpu),
-        "train_offline_student": train_offline_student.build(image),
-    }
+    modules = {"plan_dump": plan_dump, "dump_teacher_topk": dump_teacher_topk, "fail_on_error": fail_on_error,
+               "use_existing_store": use_existing_store, "verify_logits": verify_logits,
+               "verification_failed": verification_failed, "plan_training": plan_training, "preflight": preflight,
+               "train_offline_student": train_offline_student, "use_existing_student": use_existing_student}
+    return {name: module.build(image if name in ACCELERATED else cpu) for name, module in modules.items()}

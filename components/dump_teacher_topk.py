@@ -15,6 +15,14 @@ metadata, metrics, return values); the others exit 0 once the store is
 complete. ``store_state`` (a digest of the committed chunk names) feeds
 verify's cache key. A store already complete returns at once, without
 loading the teacher.
+
+A deterministic failure of the tool (bad input, exit 2; non-finite teacher
+values, 3; a damaged store, 4) does not fail the task: a retry would fail the
+same way, on a new accelerator job. The task succeeds with the one-line error
+in ``error`` and its code in ``exit_code`` (0 when it worked), and the
+pipeline's ``fail_on_error`` task fails the run with that line, unretried.
+Anything else (a preemption, a crash, a lost connection) fails the task, which
+its retry policy runs again.
 """
 
 from typing import NamedTuple
@@ -54,12 +62,16 @@ def dump_teacher_topk(
     vocab_chunk: int = 0,
     lease_timeout_s: float = 120.0,
     resources: dict = {},
-) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool), ("store_state", str)]):
+) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool), ("store_state", str),
+                                ("error", str), ("exit_code", int)]):
     """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
     import collections
+    import sys
 
     from logit_distill.distributed import init_from_environment
     from logit_distill.dump import DumpConfig, plan_dump, run_dump
+    from logit_distill.errors import InputError, LogitDistillError
+    from logit_distill.failures import describe
 
     from logit_distill.logs import configure_from_environment
 
@@ -67,31 +79,41 @@ def dump_teacher_topk(
     init_from_environment()
     import jax
 
-    config = DumpConfig(
-        teacher=teacher, data=data, output=store_uri, top_k=top_k, seq_len=seq_len, batch_size=batch_size,
-        num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, seed=data_seed, packing=packing,
-        selection=selection, samples=samples if selection == "sampled" else None,
-        proposal_temperature=proposal_temperature if selection == "sampled" else 1.0,
-        tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
-        dtype=dtype, text_field=text_field, tokenizer=tokenizer or None, sharding=sharding, progress=False,
-        model_parallel=model_parallel or None, attention=attention, device_batch=device_batch or None,
-        vocab_chunk=vocab_chunk or None,
-        # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
-        # dead, only stale (not refreshed for its timeout). The retry may start sooner than that (the task
-        # backs off 60 s first), so a lease not yet stale is waited for, once, and taken over if nobody
-        # refreshed it meanwhile; a live lease (another run dumping the same store right now) is refused.
-        force_takeover=True, wait_for_stale_lease=True, lease_timeout_s=lease_timeout_s,
-    )
-    # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,
-    # before anything is written.
-    plan = plan_dump(config, num_processes=jax.process_count())
-    planned = plan.dump_key
-    if dump_key and planned != dump_key:
-        raise ValueError(f"dump_key {dump_key} does not match these settings (their key is {planned})")
-    if dump_key and not store_uri.rstrip("/").endswith(dump_key):
-        raise ValueError(f"store_uri {store_uri} does not end with the dump key {dump_key}")
+    outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete", "store_state", "error",
+                                                     "exit_code"])
+    try:
+        config = DumpConfig.from_flat(
+            teacher=teacher, data=data, output=store_uri, top_k=top_k, seq_len=seq_len, batch_size=batch_size,
+            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
+            selection=selection, samples=samples, proposal_temperature=proposal_temperature,
+            tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
+            sharding=sharding, progress=False, model_parallel=model_parallel, attention=attention,
+            device_batch=device_batch, vocab_chunk=vocab_chunk,
+            # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
+            # dead, only stale (not refreshed for its timeout). The retry may start sooner than that (the task
+            # backs off 60 s first), so a lease not yet stale is waited for, once, and taken over if nobody
+            # refreshed it meanwhile; a live lease (another run dumping the same store right now) is refused.
+            force_takeover=True, wait_for_stale_lease=True, lease_timeout_s=lease_timeout_s,
+        )
+        # The store's name must be the fingerprint of what goes into it: a stale or hand-made key fails here,
+        # before anything is written.
+        plan = plan_dump(config, num_processes=jax.process_count())
+        planned = plan.dump_key
+        if dump_key and planned != dump_key:
+            raise InputError(f"dump_key {dump_key} does not match these settings (their key is {planned}); "
+                             "give the key plan_dump computes for them")
+        if dump_key and not store_uri.rstrip("/").endswith(dump_key):
+            raise InputError(f"store_uri {store_uri} does not end with the dump key {dump_key}; give the "
+                             "store_uri plan_dump computes")
 
-    result = run_dump(config)
+        result = run_dump(config)
+    except LogitDistillError as e:  # deterministic: recorded for fail_on_error, not retried
+        code, line = describe(e)
+        line = f"logit-distill dump: {line}"
+        print(line, file=sys.stderr, flush=True)
+        if jax.process_index() != 0:
+            raise SystemExit(0)
+        return outputs(0, False, "", line, code)
     if not result.complete:
         raise RuntimeError(f"store {store_uri} is incomplete after the dump; a retry resumes it")
     if jax.process_index() != 0:
@@ -120,8 +142,7 @@ def dump_teacher_topk(
         ("elapsed_s", round(result.elapsed_s, 2)),
     ):
         metrics.log_metric(name, value)
-    outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete", "store_state"])
-    return outputs(int(result.resumed_from_step), bool(result.complete), state)
+    return outputs(int(result.resumed_from_step), bool(result.complete), state, "", 0)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
@@ -131,6 +152,8 @@ INPUTS = {
     "store": "The store (its URI is store_uri).",
     "metrics": "What this attempt did: examples, positions, chunks written now, resumed-from step, tokens/s.",
     "resources": "The resources the pipeline requested for the task (recorded in the store's metadata).",
+    "error": "The tool's one-line error when it failed deterministically (exit 2, 3, 4), else empty.",
+    "exit_code": "That error's exit code (docs/ERRORS.md); 0 when the dump completed the store.",
 }
 
 

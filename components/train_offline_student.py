@@ -17,6 +17,14 @@ latest checkpoint. On a multi-host job only process 0 writes the task's
 outputs; the others exit 0 once the training and its export are done.
 ``resources`` (what the pipeline requested for the task) is recorded in the
 model's metadata; configuration values are metadata, not metrics.
+
+A deterministic failure of the tool (bad input such as a mistyped
+``eval_data`` or a student whose tokenizer differs, exit 2; non-finite values,
+3; a damaged store, 4) does not fail the task, which a retry would only repeat
+on a new accelerator job: the task succeeds with the one-line error in
+``error`` and its code in ``exit_code`` (0 when it trained), and the pipeline's
+``fail_on_error`` task fails the run with that line. Anything else (a
+preemption, a crash) fails the task, which its retry policy runs again.
 """
 
 from typing import NamedTuple
@@ -53,41 +61,53 @@ def train_offline_student(
     output_dir: str = "",
     title: str = "",
     resources: dict = {},
-) -> NamedTuple("TrainOutputs", [("hf_dir", str)]):
+) -> NamedTuple("TrainOutputs", [("hf_dir", str), ("error", str), ("exit_code", int)]):
     """Train ``student`` on ``store.uri``; export it; report its loss curves. ``-1`` / ``""`` mean "default"."""
     import base64
     import collections
     import html
     import os
+    import sys
 
     from logit_distill import paths
     from logit_distill.distributed import init_from_environment
-    from logit_distill.logs import configure_from_environment
+    from logit_distill.errors import LogitDistillError
+    from logit_distill.failures import describe
     from logit_distill.train import TrainConfig, train_student
-    from logit_distill.train.key import train_output
     from logit_distill.train.report import PLOT_NAME, outcome_lines, read_metrics
     from logit_distill.train.tensorboard import log_dir_for
+
+    from logit_distill.logs import configure_from_environment
 
     configure_from_environment()
     init_from_environment()
     import jax
 
-    settings = {"student": student, "num_steps": num_steps, "batch_size": batch_size, "grad_accum": grad_accum,
-                "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed, "loss": loss,
-                "alpha": alpha, "alpha_end": alpha_end, "alpha_schedule": alpha_schedule,
-                "temperature": temperature}
-    if allow_tokenizer_mismatch:  # in the key only when set (as in the training's config): earlier folders resume
-        settings["allow_tokenizer_mismatch"] = True
-    # A folder named by the store and the settings: a retried or preempted task resumes there.
-    output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
-    result = train_student(TrainConfig(
-        store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
-        learning_rate=learning_rate, warmup_steps=None if warmup_steps < 0 else warmup_steps, seed=seed,
-        loss=loss or None, alpha=alpha, alpha_end=None if alpha_end < 0 else alpha_end, alpha_schedule=alpha_schedule,
-        temperature=temperature, checkpoint_every=checkpoint_every, eval_data=eval_data or None,
-        max_eval_examples=max_eval_examples or None, grad_accum=grad_accum, log_every=log_every,
-        allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False,
-    ))
+    from logit_distill.train.key import train_output, training_settings
+
+    outputs = collections.namedtuple("TrainOutputs", ["hf_dir", "error", "exit_code"])
+    settings = training_settings(
+        student=student, num_steps=num_steps, batch_size=batch_size, grad_accum=grad_accum,
+        learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
+        alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
+        allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+    try:
+        # A folder named by the store and the settings: a retried or preempted task resumes there.
+        output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
+        result = train_student(TrainConfig.from_flat(
+            store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
+            learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
+            alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
+            checkpoint_every=checkpoint_every, eval_data=eval_data, max_eval_examples=max_eval_examples,
+            grad_accum=grad_accum, log_every=log_every, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+            progress=False))
+    except LogitDistillError as e:  # deterministic: recorded for fail_on_error, not retried
+        code, line = describe(e)
+        line = f"logit-distill train: {line}"
+        print(line, file=sys.stderr, flush=True)
+        if jax.process_index() != 0:
+            raise SystemExit(0)
+        return outputs("", line, code)
     if jax.process_index() != 0:
         raise SystemExit(0)  # the checkpoint and export are complete; process 0 writes the task's outputs
     model.uri = result.output
@@ -98,7 +118,6 @@ def train_offline_student(
         "student": student, "store": store.uri, "num_steps": result.final_step, "loss": loss, "alpha": alpha,
         "resources_requested": dict(resources), "settings": settings,
         "resumed_from_step": result.resumed_from_step, "tensorboard": log_dir_for(result.output),
-        "report": result.report or "",
     })
 
     final = result.metrics or (rows[-1] if rows else {})
@@ -131,7 +150,7 @@ def train_offline_student(
     with open(report.path, "w", encoding="utf-8") as f:
         f.write(page)
     # a Flax NNX student has no HF export: its export folder (student/) is the model to register
-    return collections.namedtuple("TrainOutputs", ["hf_dir"])(result.hf_dir or result.export_dir)
+    return outputs(result.hf_dir or result.export_dir, "", 0)
 
 
 # Descriptions of the inputs no pipeline parameter feeds (the others come from pipelines/params.py).
@@ -145,6 +164,8 @@ INPUTS = {
     "output_dir": "Train here instead of under <output_root>/students/<train_key>/ (a re-run resumes from it).",
     "title": "Title of the report.",
     "resources": "The resources the pipeline requested for the task (recorded in the model's metadata).",
+    "error": "The tool's one-line error when it failed deterministically (exit 2, 3, 4), else empty.",
+    "exit_code": "That error's exit code (docs/ERRORS.md); 0 when the student trained.",
 }
 
 

@@ -1,42 +1,46 @@
 #!/bin/sh
-# The component image's install step, in one place: containers/Dockerfile runs it (two layers), and
+# The component image's install step, in one place: containers/Dockerfile runs it (three layers), and
 # tests/test_image.py runs it in a fresh virtual environment (no docker daemon or registry needed).
 #
-#   sh install.sh lock      the locked dependencies: requirements.lock (next to this script), every
-#                           package by version and SHA-256, no resolver
+#   sh install.sh base      refuses a base image not pinned by digest ($BASE_IMAGE, the Dockerfile's
+#                           build argument): name@sha256:<64 hex digits>
+#   sh install.sh lock      the locked dependencies of $JAX_BACKEND: requirements-<backend>.lock (next to
+#                           this script), every package by version and SHA-256 (the JAX plugin of the
+#                           backend included), no resolver
 #   sh install.sh package   the package in the current folder (without dependencies: the lock has them),
-#                           the JAX accelerator plugin of $JAX_BACKEND under the lock's versions, then
-#                           `pip check` and the import check
+#                           then `pip check` and the import check
 #
 # `python` is the interpreter installed into (the image's; the test puts its venv first on PATH).
 # The Dockerfile's build arguments arrive as the environment: JAX_BACKEND (cpu | cuda | tpu; default
-# cpu), JAX_VERSION and JAX_CUDA_EXTRA (cuda, tpu). POSIX sh: the base image's /bin/sh is dash.
+# cpu), BASE_IMAGE. POSIX sh: the base image's /bin/sh is dash.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
-lock="$here/requirements.lock"
+backend="${JAX_BACKEND:-cpu}"
 
 case "${1:-}" in
+  base)
+    case "${BASE_IMAGE:-}" in
+      *@sha256:????????????????????????????????????????????????????????????????) ;;
+      *) echo "BASE_IMAGE '${BASE_IMAGE:-}' is not pinned by digest: build with --build-arg" \
+              "BASE_IMAGE=python:3.11-slim@sha256:<digest> (docs/PIPELINE.md, 'The base image')" >&2
+         exit 1 ;;
+    esac
+    ;;
   lock)
-    python -m pip install --require-hashes --no-deps -r "$lock"
+    case "$backend" in
+      cpu|cuda|tpu) ;;
+      *) echo "JAX_BACKEND must be cpu, cuda or tpu, got $backend" >&2; exit 1 ;;
+    esac
+    python -m pip install --require-hashes --no-deps -r "$here/requirements-$backend.lock"
     ;;
   package)
     python -m pip install --no-deps .
-    backend="${JAX_BACKEND:-cpu}"
-    constraints=$(mktemp)
-    trap 'rm -f "$constraints"' EXIT
-    sed 's/ --hash=.*//' "$lock" > "$constraints"  # the lock's versions, without hashes: a constraints file
-    case "$backend" in
-      cpu)  ;;
-      cuda) python -m pip install -c "$constraints" "jax[${JAX_CUDA_EXTRA:?}]==${JAX_VERSION:?}" ;;
-      tpu)  python -m pip install -c "$constraints" "jax[tpu]==${JAX_VERSION:?}" ;;
-      *)    echo "JAX_BACKEND must be cpu, cuda or tpu, got $backend" >&2; exit 1 ;;
-    esac
     python -m pip check
     python -c "import kfp, logit_distill, jax; print('kfp', kfp.__version__, 'jax', jax.__version__)"
     ;;
   *)
-    echo "usage: sh install.sh lock|package" >&2
+    echo "usage: sh install.sh base|lock|package" >&2
     exit 2
     ;;
 esac

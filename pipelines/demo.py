@@ -1,6 +1,6 @@
 """``make demo``: the whole distillation pipeline under ``kfp.local``, on a laptop's CPU, in minutes.
 
-    python -m pipelines.demo [--out demo-output] [--train-steps 300] [--fresh]
+    python -m pipelines.demo [--out demo-output] [--train-num-steps 300] [--fresh]
 
 1. Builds the demo's models and data in ``<out>/inputs`` (cached between runs):
    a small teacher whose next-token distributions are peaked but learnable
@@ -38,19 +38,19 @@ DEMO = {
     "sample_seed": 0,
 }
 PIPELINE_ARGS = {
-    "num_steps": 32,  # 32 steps x 16 examples = the 512 training documents
-    "batch_size": 16,
+    "dump_num_steps": 32,  # 32 steps x 16 examples = the 512 training documents
+    "dump_batch_size": 16,
     "seq_len": 64,
     "top_k": 32,
     "steps_per_file": 4,
     "verify_sample": 64,
     "spot_check": 4,
-    "train_steps": 300,
+    "train_num_steps": 300,
     "train_batch_size": 16,
     "learning_rate": 3e-3,
     "loss": "topk_tail_kl",
     "alpha": 1.0,
-    "dtype": "float32",
+    "dump_dtype": "float32",
     "ce_baseline": True,
 }
 
@@ -120,18 +120,31 @@ def read_executor_metrics(run_dir: str, task: str) -> dict:
     return task_outputs(run_dir, task)
 
 
+def student_outputs(run_dir: str, n: int) -> dict:
+    """The n-th student of the run (1: KD, 2: the CE-only baseline): its model folder, its report and its
+    held-out cross-entropy, whether this run trained it or found its folder complete."""
+    suffix = "" if n == 1 else f"-{n}"
+    trained = read_executor_metrics(run_dir, f"train-offline-student{suffix}")
+    if trained.get("model"):
+        return {"model": trained["model"]["uri"], "report": trained.get("report", {}).get("uri", ""),
+                "eval": trained.get("metrics", {}).get("metadata", {})}
+    reused = read_executor_metrics(run_dir, f"use-existing-student{suffix}").get("model", {})
+    evaluation = reused.get("metadata", {}).get("eval", {})
+    return {"model": reused.get("uri"), "report": "",
+            "eval": {"eval_cross_entropy": evaluation["cross_entropy"]} if evaluation else {}}
+
+
 def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tuple[str, bool]:
     """The printed summary, and whether the run did what the demo shows (verified, both students
     evaluated, the KD student below the CE-only one)."""
     dump = read_executor_metrics(run_dir, "dump-teacher-topk")
     plan = read_executor_metrics(run_dir, "plan-dump")
     verify = read_executor_metrics(run_dir, "verify-logits")
-    kd = read_executor_metrics(run_dir, "train-offline-student")
-    ce = read_executor_metrics(run_dir, "train-offline-student-2")
+    kd = student_outputs(run_dir, 1)
+    ce = student_outputs(run_dir, 2)
     dm = dump.get("metrics", {}).get("metadata", {})
     vm = verify.get("metrics", {}).get("metadata", {})
-    kd_m = kd.get("metrics", {}).get("metadata", {})
-    ce_m = ce.get("metrics", {}).get("metadata", {})
+    kd_m, ce_m = kd["eval"], ce["eval"]
     lines = [
         "",
         "=" * 72,
@@ -151,9 +164,9 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
         f"    CE-only student (alpha = 0) {ce_m.get('eval_cross_entropy', float('nan')):.4f}",
         "  reports",
         f"    verification      {verify.get('report', {}).get('uri')}",
-        f"    KD student        {kd.get('report', {}).get('uri')}",
-        f"    CE-only student   {ce.get('report', {}).get('uri')}",
-        f"    KD student model  {kd.get('model', {}).get('uri')} (HF export in hf/)",
+        f"    KD student        {kd['report'] or '(trained by an earlier run)'}",
+        f"    CE-only student   {ce['report'] or '(trained by an earlier run)'}",
+        f"    KD student model  {kd['model']} (HF export in hf/)",
         "=" * 72,
     ]
     kd_ce, ce_ce = kd_m.get("eval_cross_entropy"), ce_m.get("eval_cross_entropy")
@@ -164,10 +177,11 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(REPO, "demo-output"), help="demo folder (default demo-output/)")
-    ap.add_argument("--train-steps", type=int, default=PIPELINE_ARGS["train_steps"])
+    ap.add_argument("--train-num-steps", type=int, default=PIPELINE_ARGS["train_num_steps"],
+                    help="the students' optimizer steps (the pipeline's train_num_steps)")
     ap.add_argument("--fresh", action="store_true", help="drop the stores and students of earlier demo runs first")
     ap.add_argument("-v", "--verbose", action="store_true", help="show every task's full log")
     args = ap.parse_args(argv)
@@ -181,7 +195,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     paths = prepare_inputs(os.path.join(out, "inputs"))
     _log("running the pipeline under kfp.local (plan -> dump -> verify -> train KD + CE-only) ...")
-    result = run_pipeline(paths, out, verbose=args.verbose, train_steps=args.train_steps)
+    result = run_pipeline(paths, out, verbose=args.verbose, train_num_steps=args.train_num_steps)
     if result.log:
         _log(f"the tasks' full log: {result.log}")
     if not result.ok:

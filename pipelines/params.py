@@ -30,13 +30,31 @@ from typing import Any, Callable
 
 # Component names (the keys of ``components.build_all``).
 PLAN, DUMP, VERIFY, TRAIN = "plan_dump", "dump_teacher_topk", "verify_logits", "train_offline_student"
+TRAIN_PLAN = "plan_training"  # the CPU task before each training: its folder, and whether it is done
+PREFLIGHT = "preflight"  # the CPU task after the dump's plan: the dump and the KD training checked (its inputs:
+                         # plan_dump's, and plan_training's prefixed train_)
 
 REQUIRED = inspect.Parameter.empty
+# The variants: the pipelines that dump (local: plain components for kfp.local and Kubeflow; vertex: custom
+# jobs) and the two that start from an existing store.
+VARIANTS = ("local", "vertex", "from_store", "from_store_vertex")
+NAMES = {"local": "logit-distill", "vertex": "logit-distill-vertex", "from_store": "logit-distill-from-store",
+         "from_store_vertex": "logit-distill-from-store-vertex"}  # variant -> pipeline name
 BOTH = ("local", "vertex")  # the pipelines that dump
-ALL = ("local", "vertex", "from_store")  # ... and the one that starts from an existing store
+ALL = VARIANTS
 LOCAL = ("local",)
-VERTEX = ("vertex",)
+VERTEX = ("vertex", "from_store_vertex")  # dump and / or training as Vertex AI custom jobs
+VERTEX_DUMP = ("vertex",)
+FROM_STORE = ("from_store", "from_store_vertex")
 PLAIN = ("local", "from_store")  # plain components, resources as task requests
+
+# Parameters renamed so that each says its stage: the old name -> the new one (refused with a hint).
+RENAMED = {
+    "num_steps": "dump_num_steps", "batch_size": "dump_batch_size", "dtype": "dump_dtype",
+    "sharding": "dump_sharding", "model_parallel": "dump_model_parallel", "attention": "dump_attention",
+    "device_batch": "dump_device_batch", "vocab_chunk": "dump_vocab_chunk",
+    "lease_timeout_s": "dump_lease_timeout_s", "train_steps": "train_num_steps",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +72,7 @@ class Param:
     group: str = ""
 
     def default_in(self, variant: str) -> Any:
-        if variant == "vertex" and self.vertex_default is not None:
+        if variant in VERTEX and self.vertex_default is not None:
             return self.vertex_default
         return self.default
 
@@ -83,7 +101,7 @@ ACCELERATORS_HELP = ("Vertex accelerator enum name (NVIDIA_H100_80GB, NVIDIA_L4,
 
 def _job_params(job: str, what: str, strategy: str) -> tuple[Param, ...]:
     """The Vertex custom-job settings of the dump or the training job."""
-    v = dict(variants=VERTEX, group="vertex")
+    v = dict(variants=VERTEX_DUMP if job == "dump" else VERTEX, group="vertex")
     return (
         Param(f"{job}_machine_type", str, "a3-highgpu-8g", f"Machine type of each {what} host (GPU: "
               "a3-highgpu-8g, g2-standard-24, ...; TPU: ct5lp-hightpu-4t, ct6e-standard-4t, ...).", **v),
@@ -114,22 +132,25 @@ PARAMS: tuple[Param, ...] = (
           "local or gs://).", _to(PLAN, DUMP, VERIFY), group="inputs"),
     Param("student", str, REQUIRED, "Student: an HF checkpoint folder or gs:// prefix, preset:NAME, or "
           "flax:MODULE:FACTORY[?key=value&...] (a Flax NNX module importable in the image; docs/STUDENTS.md).",
-          _to(TRAIN), variants=ALL, group="inputs"),
+          _to(TRAIN, TRAIN_PLAN), variants=ALL, group="inputs"),
     Param("output_root", str, REQUIRED, "Where the stores and students live (gs:// on Vertex): the store is "
           "<output_root>/teacher_topk/<dump_key>/, a student <output_root>/students/<train_key>/.",
-          _to(PLAN, TRAIN), variants=ALL, group="inputs"),
+          _to(PLAN, TRAIN, TRAIN_PLAN), variants=ALL, group="inputs"),
     Param("store", str, REQUIRED, "An existing logit store (local or gs://, written by the dump): the pipeline "
-          "verifies it and trains from it.", variants=("from_store",), group="inputs"),
-    Param("num_steps", int, REQUIRED, "Dump steps (batches of batch_size examples) the store covers.",
-          _to(PLAN, DUMP, **{VERIFY: "expected_steps"}), min=1, group="inputs"),
-    # ---- the dump (every setting here but sharding, model_parallel, attention, device_batch, vocab_chunk
-    # and lease_timeout_s changes the store's content, hence its key)
+          "verifies it and trains from it.", variants=FROM_STORE, group="inputs"),
+    Param("dump_num_steps", int, REQUIRED, "Dump steps (batches of dump_batch_size examples) the store covers "
+          "(the training's steps are train_num_steps).",
+          {PLAN: "num_steps", DUMP: "num_steps", VERIFY: "expected_steps"}, min=1, group="inputs"),
+    # ---- the dump (every setting here but dump_sharding, dump_model_parallel, dump_attention,
+    # dump_device_batch, dump_vocab_chunk and dump_lease_timeout_s changes the store's content, hence its key)
     Param("top_k", int, 64, "Teacher entries kept per token position.", _to(PLAN, DUMP), min=1, group="dump"),
     Param("seq_len", int, 512, "Tokens per example.", _to(PLAN, DUMP), vertex_default=2048, min=2, group="dump"),
-    Param("batch_size", int, 8, "Examples per dump step, across all hosts.", _to(PLAN, DUMP), min=1, group="dump"),
+    Param("dump_batch_size", int, 8, "Examples per dump step, across all hosts (the training's batch is "
+          "train_batch_size).", {PLAN: "batch_size", DUMP: "batch_size"}, min=1, group="dump"),
     Param("steps_per_file", int, 50, "Dump steps per store chunk (the unit of resume).", _to(PLAN, DUMP), min=1,
           group="dump"),
-    Param("codec", str, "default", "Store codec: default (float16 log-probs) or exact (float32).",
+    Param("codec", str, "default", "Store codec: default (ids bit-packed, log-probs as 16-bit fixed point; "
+          "docs/FORMAT.md) or exact (float32 log-probs).",
           _to(PLAN, DUMP), choices=("default", "exact"), group="dump"),
     Param("selection", str, "topk", "What the store keeps per position: topk (the top_k most likely ids + the "
           "tail mass) or sampled (samples ids drawn from the teacher, with counts: unbiased, fewer bytes).",
@@ -144,67 +165,79 @@ PARAMS: tuple[Param, ...] = (
           min=0, group="dump"),
     Param("packing", bool, True, "Pack documents into examples (with segment ids).", _to(PLAN, DUMP),
           group="dump"),
-    Param("dtype", str, "float32", "Teacher compute dtype.", _to(PLAN, DUMP), vertex_default="bfloat16",
-          choices=("float32", "bfloat16"), group="dump"),
+    Param("dump_dtype", str, "float32", "The teacher's compute dtype in the dump.",
+          {PLAN: "dtype", DUMP: "dtype"}, vertex_default="bfloat16", choices=("float32", "bfloat16"), group="dump"),
     Param("text_field", str, "text", "JSONL field holding the text.", _to(PLAN, DUMP), group="dump"),
     Param("tokenizer", str, "", "tokenizer.json to use instead of the teacher's (empty: the teacher's).",
           _to(PLAN, DUMP, VERIFY), group="dump"),
-    Param("sharding", str, "replicate", "Teacher parameters over the devices: replicate, fsdp (sharded over "
-          "the data axis), tensor (heads and MLP columns over all the devices of a host), or fsdp+tensor.",
-          _to(DUMP), vertex_default="fsdp", choices=("replicate", "fsdp", "tensor", "fsdp+tensor"), group="dump"),
-    Param("model_parallel", int, 0, "Devices of the mesh's model axis with sharding tensor or fsdp+tensor "
-          "(0: all the devices of a host).", _to(DUMP), min=0, group="dump"),
-    Param("attention", str, "auto", "Teacher attention: auto (per backend and sequence length), dense, blocked "
-          "(never builds the [L, L] scores; the CPU choice for long sequences), pallas_gpu (the Pallas flash "
-          "kernel; GPU) or pallas_tpu (splash attention; TPU); the kernels with sharding replicate.", _to(DUMP),
-          choices=("auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"), group="dump"),
-    Param("device_batch", int, 0, "Examples per kernel on each device with sharding replicate; must divide "
-          "batch_size / devices (0: the backend's default, 1 on CPU, 8 elsewhere).", _to(DUMP), min=0,
+    Param("dump_sharding", str, "replicate", "The teacher's parameters over the dump's devices: replicate, fsdp "
+          "(sharded over the data axis), tensor (heads and MLP columns over all the devices of a host, a mixture's "
+          "experts too), fsdp+tensor, expert (a mixture's experts over the model axis, the rest replicated) or "
+          "fsdp+expert.", {DUMP: "sharding"}, vertex_default="fsdp",
+          choices=("replicate", "fsdp", "tensor", "fsdp+tensor", "expert", "fsdp+expert"), group="dump"),
+    Param("dump_model_parallel", int, 0, "Devices of the dump mesh's model axis with dump_sharding tensor, "
+          "fsdp+tensor, expert or fsdp+expert (0: all the devices of a host).", {DUMP: "model_parallel"}, min=0,
           group="dump"),
-    Param("vocab_chunk", int, 0, "Vocabulary entries per chunk of the teacher's output head and selection "
-          "(0: 32768; smaller bounds the selection's memory for large vocabularies).", _to(DUMP), min=0,
+    Param("dump_attention", str, "auto", "The teacher's attention in the dump: auto (per backend and sequence "
+          "length), dense, blocked "
+          "(never builds the [L, L] scores; the CPU choice for long sequences), pallas_gpu (the Pallas flash "
+          "kernel; GPU) or pallas_tpu (splash attention; TPU); the kernels with dump_sharding replicate.",
+          {DUMP: "attention"},
+          choices=("auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"), group="dump"),
+    Param("dump_device_batch", int, 0, "Examples per kernel on each device of the dump with dump_sharding "
+          "replicate; must divide dump_batch_size / devices (0: the backend's default, 1 on CPU, 8 elsewhere).",
+          {DUMP: "device_batch"}, min=0,
+          group="dump"),
+    Param("dump_vocab_chunk", int, 0, "Vocabulary entries per chunk of the teacher's output head and "
+          "selection in the dump (0: 32768; smaller bounds the selection's memory for large vocabularies).",
+          {DUMP: "vocab_chunk"}, min=0,
           group="dump"),
     # min: the holder rewrites the lease every quarter of it, and GCS takes about one write per second per
     # object; max: a retried dump may wait this long, its machines idle, for a gone attempt's lease.
-    Param("lease_timeout_s", float, 120.0, "Seconds without a refresh after which the dump's lease on its "
+    Param("dump_lease_timeout_s", float, 120.0, "Seconds without a refresh after which the dump's lease on its "
           "store is stale (its holder refreshes it every quarter of this). A retried dump that finds the "
           "lease of an earlier attempt waits until it would be stale: not refreshed meanwhile (the attempt's "
           "machine is gone), it takes the lease over; refreshed, another dump is writing the store and the "
-          "task fails.", _to(DUMP), min=10.0, max=3600.0, group="dump"),
+          "task fails.", {DUMP: "lease_timeout_s"}, min=10.0, max=3600.0, group="dump"),
     # ---- verification
     Param("verify_sample", int, 256, "Records whose values verify reads in full.", {VERIFY: "sample"}, min=0,
           variants=ALL, group="verify"),
     Param("spot_check", int, 0, "Store steps recomputed with the teacher and compared (0: none).",
           {VERIFY: "spot_check"}, min=0, group="verify"),
     # ---- training
-    Param("train_steps", int, 1000, "Student optimizer steps.", {TRAIN: "num_steps"}, min=1, variants=ALL,
+    Param("train_num_steps", int, 1000, "Student optimizer steps (the dump's steps are dump_num_steps).",
+          {TRAIN: "num_steps", TRAIN_PLAN: "num_steps"}, min=1, variants=ALL,
           group="train"),
-    Param("train_batch_size", int, 8, "Student examples per optimizer step.", {TRAIN: "batch_size"}, min=1,
+    Param("train_batch_size", int, 8, "Student examples per micro-step, over all devices (an optimizer step "
+          "reads grad_accum micro-steps).", {TRAIN: "batch_size", TRAIN_PLAN: "batch_size"}, min=1,
           variants=ALL, group="train"),
-    Param("learning_rate", float, 3e-4, "Peak AdamW learning rate.", _to(TRAIN), min=0.0, variants=ALL, group="train"),
-    Param("warmup_steps", int, -1, "Learning-rate warm-up steps (-1: the default, 5% of the steps).", _to(TRAIN),
+    Param("learning_rate", float, 3e-4, "Peak AdamW learning rate.", _to(TRAIN, TRAIN_PLAN), min=0.0,
+          variants=ALL, group="train"),
+    Param("warmup_steps", int, -1, "Learning-rate warm-up steps (-1: the default, min(100, train_num_steps // "
+          "10)).", _to(TRAIN, TRAIN_PLAN),
           min=-1, variants=ALL, group="train"),
-    Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed"}, min=0, variants=ALL, group="train"),
+    Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed", TRAIN_PLAN: "seed"}, min=0,
+          variants=ALL, group="train"),
     Param("loss", str, "", "KD loss (docs/LOSSES.md); empty: the store's default, topk_tail_kl for a top-k "
-          "store, sampled_kl for a sampled one.", _to(TRAIN),
+          "store, sampled_kl for a sampled one.", _to(TRAIN, TRAIN_PLAN),
           choices=("", "topk_kl", "topk_tail_kl", "sampled_kl"), variants=ALL, group="train"),
     Param("alpha", float, 1.0, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
-          _to(TRAIN), min=0.0, max=1.0, variants=ALL, group="train"),
+          _to(TRAIN, TRAIN_PLAN), min=0.0, max=1.0, variants=ALL, group="train"),
     Param("alpha_end", float, -1.0, "alpha at the last step with a linear or cosine alpha_schedule "
-          "(-1: alpha).", _to(TRAIN), min=-1.0, max=1.0, variants=ALL, group="train"),
-    Param("alpha_schedule", str, "constant", "How alpha moves to alpha_end.", _to(TRAIN),
+          "(-1: alpha).", _to(TRAIN, TRAIN_PLAN), min=-1.0, max=1.0, variants=ALL, group="train"),
+    Param("alpha_schedule", str, "constant", "How alpha moves to alpha_end.", _to(TRAIN, TRAIN_PLAN),
           choices=("constant", "linear", "cosine"), variants=ALL, group="train"),
-    Param("temperature", float, 1.0, "KD temperature T (the KD loss is scaled by T^2).", _to(TRAIN), min=1e-6,
-          variants=ALL, group="train"),
+    Param("temperature", float, 1.0, "KD temperature T (the KD loss is scaled by T^2).", _to(TRAIN, TRAIN_PLAN),
+          min=1e-6, variants=ALL, group="train"),
     Param("checkpoint_every", int, 500, "Optimizer steps between checkpoints.", _to(TRAIN), min=1,
           variants=ALL, group="train"),
-    Param("grad_accum", int, 1, "Micro-batches accumulated per optimizer step.", _to(TRAIN), min=1,
+    Param("grad_accum", int, 1, "Micro-batches accumulated per optimizer step.", _to(TRAIN, TRAIN_PLAN), min=1,
           variants=ALL, group="train"),
     Param("eval_data", str, "", "Held-out data for the student's cross-entropy (empty: no evaluation).",
-          _to(TRAIN), variants=ALL, group="train"),
+          _to(TRAIN, TRAIN_PLAN), variants=ALL, group="train"),
     Param("allow_tokenizer_mismatch", bool, False, "Train a student whose tokenizer.json differs from the one "
           "the store's data was tokenized with (refused by default, naming the first differing ids); the "
-          "export then ships the student's tokenizer.", _to(TRAIN), variants=ALL, group="train"),
+          "export then ships the student's tokenizer.", _to(TRAIN, TRAIN_PLAN), variants=ALL, group="train"),
     Param("ce_baseline", bool, False, "Also train a CE-only student (alpha = 0) on the same steps, to compare.",
           variants=ALL, group="train"),
     # ---- resources of the plain (kfp.local / Kubeflow) variant
@@ -238,8 +271,10 @@ PARAMS: tuple[Param, ...] = (
           variants=VERTEX, group="registry"),
     Param("serving_image", str, "", "Serving container of the registered model (e.g. a vLLM image, pinned); "
           "required with register_model.", variants=VERTEX, group="registry"),
-    Param("model_version_aliases", list, [], "Version aliases of the registered model (e.g. [\"candidate\"]).",
-          variants=VERTEX, group="registry"),
+    Param("model_version_aliases", list, [], "Version aliases of the registered model version (e.g. "
+          "[\"candidate\"]; each [a-z][a-zA-Z0-9-]{0,126}[a-z0-9]).", variants=VERTEX, group="registry"),
+    Param("parent_model", str, "", "The registered model to upload the student as a new version of "
+          "(projects/P/locations/R/models/ID; empty: a new model each run).", variants=VERTEX, group="registry"),
 )
 # fmt: on
 
@@ -314,6 +349,13 @@ def pipeline_function(variant: str, name: str, summary: str, body: Callable[[dic
     return pipeline
 
 
+def input_descriptions(component: str, prefix: str = "") -> dict[str, str]:
+    """``{prefix + input_name: description}`` of the inputs of ``component`` that pipeline parameters feed
+    (for a component that takes another's inputs, e.g. the preflight's)."""
+    return {prefix + name: _described(param, "local").replace(" Required.", "")
+            for name, param in inputs_of(component).items()}
+
+
 def describe(func: Callable, extra: dict[str, str] | None = None) -> Callable:
     """Give a component function a Google-style ``Args:`` docstring: the descriptions of the inputs that
     pipeline parameters feed, from the table, plus ``extra`` (the component's own inputs). The function
@@ -366,16 +408,23 @@ def parse_pairs(pairs: list[str], variant: str) -> dict:
         if not sep or not name:
             raise ValueError(f"expected name=value, got {pair!r}")
         if name not in known:
-            raise ValueError(f"unknown parameter {name!r}; the pipeline has: {', '.join(sorted(known))}")
+            raise ValueError(renamed_hint(name, known) or
+                             f"unknown parameter {name!r}; the pipeline has: {', '.join(sorted(known))}")
         values[name] = parse_value(known[name], text)
     return values
+
+
+def renamed_hint(name: str, known) -> str | None:
+    """The one line that refuses an old parameter name and names the new one (None: not an old name)."""
+    new = RENAMED.get(name)
+    if new is None or new not in known:
+        return None
+    return f"parameter {name!r} is now {new!r} (each parameter names its stage): give {new}=..."
 
 
 def check(values: dict, variant: str) -> list[str]:
     """Problems of a set of values (missing required ones, choices, ranges, and what Vertex needs), one line
     each. Values not given are taken at their defaults."""
-    import re
-
     known = {p.name: p for p in of(variant)}
     problems = [f"missing required parameter {n} (give {n}=...)" for n in required(variant) if n not in values]
     for name, value in values.items():
@@ -383,19 +432,10 @@ def check(values: dict, variant: str) -> list[str]:
             why = known[name].problem(value, variant)
             if why:
                 problems.append(why)
-    full = {**defaults(variant), **values}
-    if variant == "vertex":
-        root = full.get("output_root")
-        if root is not None and not str(root).startswith("gs://"):
-            problems.append(f"output_root={root!r} is not a gs:// prefix: a Vertex job's local disk is lost when "
-                            "it ends")
-        for name in ("dump_timeout", "dump_max_wait_duration", "train_timeout", "train_max_wait_duration"):
-            if name in full and not re.fullmatch(r"\d+s", str(full[name])):
-                problems.append(f"{name}={full[name]!r} is not a duration in seconds (e.g. 86400s)")
-        if full.get("register_model") and not full.get("serving_image"):
-            problems.append("register_model=true needs serving_image (the model's serving container)")
-        if full.get("tensorboard") and not str(full.get("base_output_directory", "")).startswith("gs://"):
-            problems.append("tensorboard needs base_output_directory=gs://... (where Vertex writes its logs)")
+    if variant in VERTEX:
+        from pipelines.vertex_checks import problems as vertex_problems
+
+        problems += vertex_problems({**defaults(variant), **values}, variant)
     return problems
 
 
@@ -404,9 +444,8 @@ def check(values: dict, variant: str) -> list[str]:
 
 def markdown_table() -> str:
     """The parameter table of docs/PIPELINE.md."""
-    rows = ["| parameter | type | `logit-distill` | `logit-distill-vertex` | `logit-distill-from-store` "
-            "| description |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| parameter | type | " + " | ".join(f"`{NAMES[v]}`" for v in VARIANTS) + " | description |",
+            "| --- | --- | " + " | ".join("---" for _ in VARIANTS) + " | --- |"]
 
     def shown(p: Param, variant: str) -> str:
         if variant not in p.variants:
@@ -415,7 +454,6 @@ def markdown_table() -> str:
         return "**required**" if d is REQUIRED else f"`{json.dumps(d)}`"
 
     for p in PARAMS:
-        rows.append(f"| `{p.name}` | {p.type.__name__} | {shown(p, 'local')} | {shown(p, 'vertex')} | "
-                    f"{shown(p, 'from_store')} | "
-                    f"{_described(p, 'vertex').replace(' Required.', '').replace('|', '/')} |")
+        rows.append(f"| `{p.name}` | {p.type.__name__} | " + " | ".join(shown(p, v) for v in VARIANTS)
+                    + f" | {_described(p, 'vertex').replace(' Required.', '').replace('|', '/')} |")
     return "\n".join(rows) + "\n"

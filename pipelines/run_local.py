@@ -1,7 +1,7 @@
 """Run a pipeline on this machine under ``kfp.local``, with the same ``param=value`` syntax as submit.
 
     python -m pipelines.run_local [--pipeline logit-distill|logit-distill-from-store] [--root DIR] [-v] \\
-        teacher=... data=... student=... output_root=... num_steps=32 [param=value ...]
+        teacher=... data=... student=... output_root=... dump_num_steps=32 [param=value ...]
 
 Parameters are typed and checked against the pipeline's parameter table
 (``pipelines/params.py``) before anything runs. Tasks run in subprocesses
@@ -9,8 +9,9 @@ Parameters are typed and checked against the pipeline's parameter table
 under ``--root`` (default ``local-runs/``). Quiet by default: the tasks' full
 log goes to ``<root>/<run>.log`` and the console shows one line per finished
 task; ``-v`` shows everything. Exit code 0 when the run succeeded, 1 when a task
-failed (with the failing task and, for a store that failed verification, its
-first failing check), 2 for bad parameters.
+failed, with the failing task's own line (the tool's one-line error of a
+dump, a plan or a training; for a store that failed verification, its first
+failing check), 2 for bad parameters.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import time
 VARIANTS = {"logit-distill": "local", "logit-distill-from-store": "from_store"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
+# The tool's one-line error (docs/ERRORS.md), as a failing task prints it.
+_TOOL_ERROR = re.compile(r"logit-distill [a-z-]+: error: .*")
 
 
 @dataclasses.dataclass
@@ -40,32 +43,44 @@ class LocalRun:
 
 
 class _Tee:
-    """A text stream that keeps everything in a log file and echoes one line per finished task."""
+    """A text stream over the tasks' output: it keeps everything in a log file (or, verbose, passes it on to
+    the console), echoes one line per finished task, and remembers the last one-line error of the
+    tool that a task printed."""
 
-    def __init__(self, path: str, echo, tasks: dict):
-        self._file = open(path, "w", encoding="utf-8")
+    def __init__(self, path: str | None, echo, tasks: dict):
+        self._file = open(path, "w", encoding="utf-8") if path else None
         self._echo, self._tasks, self._buf = echo, tasks, ""
+        self._console = sys.stdout  # (before the redirection)
+        self.tool_error = ""
 
     def write(self, text: str) -> int:
-        self._file.write(text)
+        if self._file is not None:
+            self._file.write(text)
+        else:
+            self._console.write(text)
         self._buf += text
         *lines, self._buf = self._buf.split("\n")
         for line in lines:
-            m = _FINISHED.search(_ANSI.sub("", line))
+            plain = _ANSI.sub("", line)
+            error = _TOOL_ERROR.search(plain)
+            if error:
+                self.tool_error = error.group(0).strip()
+            m = _FINISHED.search(plain)
             if m:
                 self._tasks[m.group(1)] = m.group(2)
-                if self._echo is not None:
+                if self._echo is not None and self._file is not None:
                     print(f"  {m.group(1):<28} {m.group(2).lower()}", file=self._echo, flush=True)
         return len(text)
 
     def flush(self) -> None:
-        self._file.flush()
+        (self._file or self._console).flush()
 
     def isatty(self) -> bool:
         return False
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def run(pipeline: str = "logit-distill", values: dict | None = None, root: str = "local-runs",
@@ -74,10 +89,15 @@ def run(pipeline: str = "logit-distill", values: dict | None = None, root: str =
     True prints one line per finished task on stdout, None prints nothing, or a stream to print to."""
     from kfp import local
 
+    from pipelines import params
     from pipelines import pipeline as pipelines_mod
 
     pipe = {"logit-distill": pipelines_mod.distill_pipeline,
             "logit-distill-from-store": pipelines_mod.distill_from_store}[pipeline]
+    known = {p.name for p in params.of(VARIANTS[pipeline])}
+    for name in values or {}:
+        if name not in known:
+            raise ValueError(params.renamed_hint(name, known) or f"unknown parameter {name!r}")
     root = os.path.abspath(root)
     os.makedirs(root, exist_ok=True)
     before = set(glob.glob(os.path.join(root, f"{pipeline}-*")))
@@ -93,15 +113,18 @@ def run(pipeline: str = "logit-distill", values: dict | None = None, root: str =
     tasks: dict = {}
     log = "" if verbose else os.path.join(root, f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}.log")
     error = ""
-    tee = None if verbose else _Tee(log, sys.stdout if echo is True else echo, tasks)
+    tee = _Tee(log or None, sys.stdout if echo is True else echo, tasks)
     try:
-        with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():
+        with contextlib.redirect_stdout(tee):
             pipe(**(values or {}))
     except RuntimeError as e:  # kfp.local: "Pipeline ... finished with status FAILURE. Inner task failed: ..."
-        error = _ANSI.sub("", str(e)).strip().splitlines()[0]
+        failed = [task for task, status in tasks.items() if status == "FAILURE"]
+        error = (f"task {failed[0]} failed" if failed else
+                 _ANSI.sub("", str(e)).strip().splitlines()[0].split(". Inner task")[0])
+        if tee.tool_error:
+            error += f": {tee.tool_error}"
     finally:
-        if tee is not None:
-            tee.close()
+        tee.close()
     runs = sorted(set(glob.glob(os.path.join(root, f"{pipeline}-*"))) - before - {log}, key=os.path.getmtime)
     run_dir = next((r for r in reversed(runs) if os.path.isdir(r)), "")
     if error:
@@ -135,7 +158,7 @@ def verification_failure(run_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.run_local", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m pipelines.run_local", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pipeline", choices=sorted(VARIANTS), default="logit-distill")
     ap.add_argument("--root", default="local-runs", help="where the runs' outputs go (default local-runs/)")

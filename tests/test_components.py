@@ -3,6 +3,7 @@ artifacts in a temporary folder, and one run of each as a task under kfp.local."
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -34,10 +35,9 @@ def work(tmp_path_factory):
     return {"root": root, "data": data, "eval_data": eval_data}
 
 
-def _plan(work, store=None):
-    store = store or Dataset(name="store", uri=str(work["root"] / "plan-store"))
+def _plan(work, **kwargs):
     return components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(work["root"] / "out"),
-                                          store=store, **SETTINGS)
+                                          **SETTINGS, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +56,16 @@ def test_plan_dump_names_the_store_by_its_fingerprint(work):
     from logit_distill.dump import DumpConfig, plan_dump
     from logit_distill.store import dump_key
 
-    artifact = Dataset(name="store", uri=str(work["root"] / "planned"))
-    plan = _plan(work, artifact)
+    plan = _plan(work, run_name="logit-distill-vertex-20261201")
     assert len(plan.dump_key) == 16 and int(plan.dump_key, 16) >= 0
     assert plan.store_uri == str(work["root"] / "out") + "/teacher_topk/" + plan.dump_key
-    assert artifact.uri == plan.store_uri and artifact.metadata["dump_key"] == plan.dump_key
+    assert plan.job_display_name == f"logit-distill-vertex-20261201-dump-{plan.dump_key}"
     config = DumpConfig(teacher=TEACHER, data=work["data"], output="", **SETTINGS)
     assert plan.dump_key == dump_key(plan_dump(config).manifest)
     assert plan.complete is False
     # a TPU slice of 2x4 chips on 4-chip hosts is 2 processes: the plan's key is the 2-process layout
     tpu = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(work["root"] / "x"),
-                                         store=Dataset(uri=str(work["root"] / "t")), tpu_topology="2x4",
-                                         machine_type="ct5lp-hightpu-4t", **SETTINGS)
+                                         tpu_topology="2x4", machine_type="ct5lp-hightpu-4t", **SETTINGS)
     assert tpu.dump_key == dump_key(plan_dump(config, num_processes=2).manifest) != plan.dump_key
     assert tpu.store_uri == str(work["root"] / "x") + "/teacher_topk/" + tpu.dump_key
 
@@ -105,13 +103,29 @@ def test_dump_again_is_a_no_op(work, dumped, monkeypatch):
     assert metrics.metadata["chunks_written_this_attempt"] == 0
 
 
-def test_dump_refuses_a_key_of_other_settings(work, dumped):
+def test_dump_records_a_deterministic_failure_instead_of_failing(work, dumped, capsys):
+    """A key of other settings is bad input (exit 2): the task succeeds with the one-line error and its code
+    as outputs (fail_on_error then fails the run, unretried), and nothing is written."""
     plan = dumped["plan"]
-    with pytest.raises(ValueError, match="does not match"):
-        components.dump_teacher_topk.dump_teacher_topk(
-            teacher=TEACHER, data=work["data"], store_uri=plan.store_uri, dump_key=plan.dump_key,
-            store=Dataset(uri=str(work["root"] / "x")), metrics=Metrics(uri=str(work["root"] / "y")),
-            **{**SETTINGS, "top_k": 4})
+    before = sorted(os.listdir(plan.store_uri))
+    out = components.dump_teacher_topk.dump_teacher_topk(
+        teacher=TEACHER, data=work["data"], store_uri=plan.store_uri, dump_key=plan.dump_key,
+        store=Dataset(uri=str(work["root"] / "x")), metrics=Metrics(uri=str(work["root"] / "y")),
+        **{**SETTINGS, "top_k": 4})
+    assert out.exit_code == 2 and out.error.startswith("logit-distill dump: error: dump_key ")
+    assert "does not match these settings" in out.error and out.store_state == "" and not out.complete
+    assert out.error in capsys.readouterr().err
+    assert sorted(os.listdir(plan.store_uri)) == before
+    assert dumped["out"].exit_code == 0 and dumped["out"].error == ""
+
+
+def test_fail_on_error_ends_the_run_with_the_stages_line_or_passes_its_value(capsys):
+    fail = components.fail_on_error.fail_on_error
+    assert fail(stage="dump", error="", exit_code=0, value="state-1") == "state-1"
+    with pytest.raises(SystemExit) as e:
+        fail(stage="train", error="logit-distill train: error: data path not found: x.jsonl", exit_code=2)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "logit-distill train: error: data path not found: x.jsonl\n"
 
 
 def test_a_retried_dump_takes_over_a_gone_attempts_lease_at_the_configured_timeout(work, tmp_path, monkeypatch):
@@ -126,7 +140,7 @@ def test_a_retried_dump_takes_over_a_gone_attempts_lease_at_the_configured_timeo
 
     def plan(root):
         return components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(tmp_path / root),
-                                              store=Dataset(uri=str(tmp_path / root / "p")), **SETTINGS)
+                                              **SETTINGS)
 
     def dump(planned, **kwargs):
         return components.dump_teacher_topk.dump_teacher_topk(
@@ -158,12 +172,14 @@ def test_a_retried_dump_takes_over_a_gone_attempts_lease_at_the_configured_timeo
     ((timeout, previous),) = held
     assert timeout == 3.0 and previous["host"] == "preempted-vm"
 
-    # a live holder, refreshing its lease: the dump watches it, then fails naming it
+    # a live holder, refreshing its lease: the dump watches it, then fails naming it (bad input, exit 2:
+    # recorded for fail_on_error, not retried)
     busy = plan("busy")
     live = acquire(Lease(busy.store_uri, timeout_s=3.0))
     try:
-        with pytest.raises(StoreBusyError, match="being written by another dump"):
-            dump(busy, lease_timeout_s=3.0)
+        refused = dump(busy, lease_timeout_s=3.0)
+        assert refused.exit_code == StoreBusyError.exit_code == 2
+        assert "being written by another dump" in refused.error
         assert os.listdir(busy.store_uri) == ["lease.json"]  # the refused dump wrote nothing
     finally:
         live.release()
@@ -212,6 +228,60 @@ def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path
     assert "data:image/png;base64," in page and "held-out cross-entropy" in page
 
 
+def test_plan_training_names_the_folder_and_says_whether_it_is_done(work, dumped, tmp_path, capsys):
+    """plan_training (CPU) computes the same folder as the training task, reads whether its training is done
+    (export, and the evaluation when eval_data is asked for) and refuses a mistyped eval_data in one line;
+    use_existing_student hands a complete folder on."""
+    root = str(tmp_path / "out")
+    args = dict(store=dumped["store"], student=STUDENT, num_steps=2, batch_size=4, learning_rate=1e-3,
+                output_root=root)
+
+    def plan(**kwargs):
+        return components.plan_training.plan_training(**args, role="kd", run_name="run-1", **kwargs)
+
+    before = plan()
+    assert (before.complete, before.state) == (False, "empty")
+    assert before.job_display_name == f"run-1-kd-{os.path.basename(before.output)}"
+    model = Model(uri=str(tmp_path / "model"))
+    trained = components.train_offline_student.train_offline_student(
+        **args, model=model, metrics=Metrics(uri=str(tmp_path / "m")), report=HTML(uri=str(tmp_path / "r.html")))
+    assert model.uri == before.output and trained.exit_code == 0  # the training's own folder for these settings
+    after = plan()
+    assert (after.complete, after.state) == (True, "complete")
+    evaluated = plan(eval_data=work["eval_data"])
+    assert not evaluated.complete and evaluated.state == f"exported, not evaluated on {work['eval_data']}"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        plan(eval_data=str(tmp_path / "typo.jsonl"))
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"logit-distill train: error: data path not found: "
+                                       f"{tmp_path / 'typo.jsonl'}; check the path\n")
+    reused = Model(uri=str(tmp_path / "reused"))
+    existing = components.use_existing_student.use_existing_student(output=after.output, model=reused)
+    assert existing.hf_dir == os.path.join(after.output, "hf") and reused.uri == after.output
+    assert reused.metadata["reused"] is True
+
+
+def test_training_streams_tensorboard_to_a_run_per_student(gcs_bucket, monkeypatch, tmp_path):
+    """On Vertex (AIP_TENSORBOARD_LOG_DIR set) each student logs into <log dir>/<its train key>/, a run of its
+    own, and its event files are uploaded while it trains, not only at checkpoints."""
+    from logit_distill import paths
+    from logit_distill.train import tensorboard
+
+    monkeypatch.setenv(tensorboard.ENV, gcs_bucket + "/vertex/logs")
+    monkeypatch.setattr(tensorboard, "UPLOAD_EVERY_S", 0.0)
+    writers = {key: tensorboard.TensorBoard(f"{gcs_bucket}/out/students/{key}") for key in ("kd0123", "ce4567")}
+    for key, writer in writers.items():
+        assert writer.uri == f"{gcs_bucket}/vertex/logs/{key}"
+        writer.write({"step": 1, "loss": 2.5, "kd_loss": 2.0})
+        (event,) = paths.list_files(writer.uri)  # uploaded at the step, before any checkpoint or close
+        assert event["name"].startswith("events.out.tfevents.") and event["size"] > 0
+    for writer in writers.values():
+        writer.close()
+    monkeypatch.delenv(tensorboard.ENV)
+    assert tensorboard.log_dir_for(str(tmp_path / "students" / "k")) == str(tmp_path / "students" / "k" / "tensorboard")
+
+
 def test_train_allows_another_tokenizer_only_when_asked(tmp_path):
     """allow_tokenizer_mismatch reaches the training: a student whose tokenizer.json differs from the store's
     is refused by default and trained when allowed, in a folder of its own (the flag is in the train key
@@ -236,8 +306,12 @@ def test_train_allows_another_tokenizer_only_when_asked(tmp_path):
             **kwargs)
         return model
 
-    with pytest.raises(InputError, match="another tokenizer.*allow-tokenizer-mismatch"):
-        train()
+    refused = Model(uri=str(tmp_path / "refused"))
+    out = components.train_offline_student.train_offline_student(
+        store=Dataset(uri=store_uri), student=student, num_steps=1, batch_size=4, model=refused,
+        metrics=Metrics(uri=str(tmp_path / "m0")), report=HTML(uri=str(tmp_path / "r0.html")), output_root=root)
+    assert out.exit_code == InputError.exit_code and re.search("another tokenizer.*allow-tokenizer-mismatch", out.error)
+    assert out.error.startswith("logit-distill train: error: ") and out.hf_dir == ""
     model = train(allow_tokenizer_mismatch=True)
     settings = model.metadata["settings"]
     assert settings["allow_tokenizer_mismatch"] is True
@@ -326,7 +400,7 @@ def test_two_host_dump_job_writes_outputs_from_process_0_only(work, tmp_path):
         port = s.getsockname()[1]
     settings = {**SETTINGS, "num_steps": 4}
     plan = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=str(tmp_path / "out"),
-                                          store=Dataset(uri=str(tmp_path / "p")), num_processes=2, **settings)
+                                          num_processes=2, **settings)
     kwargs = dict(teacher=TEACHER, data=work["data"], store_uri=plan.store_uri, dump_key=plan.dump_key, **settings)
     cluster = {"workerpool0": ["127.0.0.1:2222"], "workerpool1": ["127.0.0.1:2223"]}
     procs = []

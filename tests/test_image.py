@@ -1,7 +1,8 @@
 """The component image's install step, checked without a registry: the Dockerfile installs
-containers/requirements.lock with --require-hashes --no-deps, so the lock must hold every package the
-image needs (the package's dependencies and the `component` extra, closed under their own requirements)
-at versions that satisfy them, and nothing the image does not need."""
+containers/requirements-<backend>.lock with --require-hashes --no-deps, so each lock must hold every
+package its image needs (the package's dependencies and the `component` extra, closed under their own
+requirements, plus its backend's JAX plugin) at versions that satisfy them, and nothing the image does
+not need; the locks are made from one description, containers/image.toml (`make lock`)."""
 
 import os
 import re
@@ -13,7 +14,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCK = os.path.join(REPO, "containers", "requirements.lock")
+LOCK = os.path.join(REPO, "containers", "requirements-cpu.lock")
+DESCRIPTION = os.path.join(REPO, "containers", "image.toml")
 DOCKERFILE = os.path.join(REPO, "containers", "Dockerfile")
 # The image's platform: the markers of Linux x86_64, CPython 3.11.
 ENV = {**default_environment(), "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
@@ -21,9 +23,9 @@ ENV = {**default_environment(), "sys_platform": "linux", "platform_system": "Lin
        "platform_python_implementation": "CPython", "os_name": "posix"}
 
 
-def _lock() -> dict:
+def _lock(path: str = LOCK) -> dict:
     pinned = {}
-    with open(LOCK) as f:
+    with open(path) as f:
         for line in f:
             if not line.strip() or line.startswith("#"):
                 continue
@@ -69,23 +71,76 @@ def test_lock_holds_the_image_packages_and_their_requirements_closed():
         assert absent not in pinned
 
 
-def test_dockerfile_installs_the_lock_on_a_pinned_base():
+def _description() -> dict:
+    with open(DESCRIPTION, "rb") as f:
+        return tomllib.load(f)
+
+
+def test_each_backend_has_a_hashed_lock_made_from_the_one_description():
+    """cpu, cuda and tpu: each lock says what it was resolved from (the description as it is now: an edit of
+    image.toml without `make lock` fails here), pins every package with a hash, holds the CPU image's packages
+    at the same versions and hashes, and adds only its backend's JAX plugin and what that plugin needs, at
+    jax's version."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lock", os.path.join(REPO, "containers", "lock.py"))
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    desc = _description()
+    assert set(desc["backends"]) == {"cpu", "cuda", "tpu"}
+    cpu = _lock()
+    plugins = {"cuda": {"jax-cuda12-plugin", "jax-cuda12-pjrt"}, "tpu": {"libtpu"}}
+    for backend in desc["backends"]:
+        path = lock.lock_path(backend)
+        with open(path) as f:
+            assert f.read().splitlines()[1] == lock.resolved_from(backend, desc), f"{path} is stale: make lock"
+        pinned = _lock(path)
+        for name, version in cpu.items():
+            assert pinned.get(name) == version, (backend, name)
+        if backend == "cpu":
+            continue
+        assert plugins[backend] <= set(pinned), backend
+        for plugin in plugins[backend] - {"libtpu"}:
+            assert pinned[plugin] == cpu["jax"], (backend, plugin)  # the plugin of the image's jax
+        added = set(pinned) - set(cpu)
+        assert added <= plugins[backend] | {n for n in added if n.startswith("nvidia-")}, (backend, added)
+    with open(LOCK) as a, open(lock.lock_path("cuda")) as b:
+        cpu_lines = {line for line in a if not line.startswith("#")}
+        assert cpu_lines <= set(b)  # the same wheels, by the same hashes
+
+
+def test_dockerfile_installs_the_backends_lock_on_a_base_pinned_by_digest(tmp_path):
+    """No digest of the base image is baked in (none could be resolved where this was written: no registry):
+    the build refuses a base that is not pinned by digest, at its first step."""
+    import subprocess
+
     with open(DOCKERFILE) as f:
         text = f.read()
-    assert re.search(r"ARG BASE_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}\n", text)
-    runs = [rest for word, rest in _instructions(text) if word == "RUN"]
+    assert "ARG BASE_IMAGE=python:3.11-slim\n" in text and not re.search(r"@sha256:[0-9a-f]{64}", text)
+    steps = _instructions(text)
+    runs = [rest for word, rest in steps if word == "RUN"]
     assert tuple(runs) == RUN_STEPS  # the install step is containers/install.sh, which the test below runs
+    assert ("COPY", "containers/requirements-${JAX_BACKEND}.lock containers/install.sh ./") in steps
     with open(INSTALL_SH) as f:
         script = f.read()
-    assert "pip install --require-hashes --no-deps -r \"$lock\"" in script
+    assert 'pip install --require-hashes --no-deps -r "$here/requirements-$backend.lock"' in script
     assert "pip install --no-deps ." in script and "pip check" in script
+    for base, code in (("python:3.11-slim", 1), ("python:3.11-slim@sha256:abc", 1), (PINNED_BASE, 0)):
+        out = subprocess.run(["sh", INSTALL_SH, "base"], env={**os.environ, "BASE_IMAGE": base},
+                             capture_output=True, text=True)
+        assert out.returncode == code, (base, out.stderr)
+        if code:
+            assert out.stderr.count("\n") == 1 and "not pinned by digest" in out.stderr
 
 
 # ---------------------------------------------------------------- the install step, run for real
 
 INSTALL_SH = os.path.join(REPO, "containers", "install.sh")
 # The only RUN commands the test repeats on this machine: the image's install step is containers/install.sh.
-RUN_STEPS = ("sh install.sh lock", "sh install.sh package")
+RUN_STEPS = ("sh install.sh base", "sh install.sh lock", "sh install.sh package")
+# A build argument of the shape the base check wants (the test pulls no image; no real digest is claimed).
+PINNED_BASE = "python:3.11-slim@sha256:" + "0" * 64
+BUILD_ARGS = {"JAX_BACKEND": "cpu", "BASE_IMAGE": PINNED_BASE}  # the build arguments of the CPU image
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -143,7 +198,8 @@ def _run(cmd: list[str], **kwargs) -> str:
 def _build_in_venv(root: str, venv: str, fs: str) -> tuple[dict, list[str]]:
     """Follow containers/Dockerfile's instructions with ``venv`` for the image's Python: COPY into ``root``
     (the WORKDIR) as the build context and .dockerignore give it, ENV as the environment, ARG defaults
-    (JAX_BACKEND=cpu) as build arguments, and RUN, which must be a step of containers/install.sh.
+    (JAX_BACKEND=cpu; BASE_IMAGE given as a pinned reference) as build arguments, ``${...}`` in COPY
+    expanded, and RUN, which must be a step of containers/install.sh.
     Absolute paths of ENV outside the WORKDIR move under ``fs``. Returns the environment and the CMD."""
     import json
     import shlex
@@ -156,8 +212,10 @@ def _build_in_venv(root: str, venv: str, fs: str) -> tuple[dict, list[str]]:
         steps = _instructions(f.read())
     for word, rest in steps:
         if word == "ARG":
-            name, _, default = rest.partition("=")
-            args[name] = default
+            name, eq, default = rest.partition("=")
+            if eq or name not in args:  # (a redeclared ARG without a default keeps its value)
+                args[name] = default
+            args.update(BUILD_ARGS)
         elif word == "ENV":
             for item in shlex.split(rest):
                 name, _, value = item.partition("=")
@@ -171,7 +229,7 @@ def _build_in_venv(root: str, venv: str, fs: str) -> tuple[dict, list[str]]:
         elif word == "WORKDIR":
             workdir = rest
         elif word == "COPY":
-            *sources, dest = rest.split()
+            *sources, dest = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest).split()
             assert not any(s.startswith("--") for s in sources), f"COPY options are not followed here: {rest}"
             target = os.path.normpath(os.path.join(root, dest))
             for source in sources:
@@ -185,7 +243,7 @@ def _build_in_venv(root: str, venv: str, fs: str) -> tuple[dict, list[str]]:
         elif word == "RUN":
             assert rest in RUN_STEPS, (f"the Dockerfile runs {rest!r}: the image's install step belongs in "
                                        "containers/install.sh (this test runs only its steps here)")
-            _run(["sh", "-c", rest], cwd=root, env={**env, **args, "JAX_BACKEND": "cpu"})
+            _run(["sh", "-c", rest], cwd=root, env={**env, **args})
             ran.append(rest)
         elif word == "CMD":
             cmd = json.loads(rest)
@@ -253,11 +311,11 @@ def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
     outputs = component["outputDefinitions"]
     executor_input = {
         "inputs": {"parameterValues": {"teacher": "preset:tiny-qwen3", "data": data,
-                                       "output_root": str(tmp_path / "out"), **settings}},
+                                       "output_root": str(tmp_path / "out"), "run_name": "run-7", **settings}},
         "outputs": {
             "parameters": {n: {"outputFile": str(task / n)} for n in outputs["parameters"]},
             "artifacts": {n: {"artifacts": [{"name": n, "type": a["artifactType"], "uri": str(task / n),
-                                             "metadata": {}}]} for n, a in outputs["artifacts"].items()},
+                                             "metadata": {}}]} for n, a in outputs.get("artifacts", {}).items()},
             "outputFile": str(task / "executor_output.json"),
         },
     }
@@ -270,5 +328,4 @@ def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
     values = out["parameterValues"]
     assert values["dump_key"] == key  # the image names the store as this environment does
     assert values["store_uri"] == str(tmp_path / "out") + "/teacher_topk/" + key and values["complete"] is False
-    (store,) = out["artifacts"]["store"]["artifacts"]
-    assert store["uri"] == values["store_uri"] and store["metadata"]["dump_key"] == key
+    assert values["job_display_name"] == f"run-7-dump-{key}"  # the dump's custom job, named after the run

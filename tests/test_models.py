@@ -95,10 +95,15 @@ def _hf_model(hf_config: dict):
             r = torch.randn(p.shape, generator=g)
             if "norm" in name:
                 p.copy_((0.0 if "gemma" in hf_config["model_type"] else 1.0) + 0.2 * r)
+            elif name.endswith("sinks"):  # gpt-oss: large enough to take a real share of the softmax
+                p.copy_(1.5 * r)
             elif name.endswith("bias"):
                 p.copy_(0.2 * r)
             else:
                 p.copy_(0.08 * r)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek / GLM routers: moves the choice only
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
     return model.eval()
 
 

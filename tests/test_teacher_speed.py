@@ -326,7 +326,8 @@ def test_device_batch_groups_examples_with_the_same_results():
 
 @pytest.mark.parametrize("args,message", [
     (["--device-batch", "3"], "--device-batch 3 does not divide the 4 examples each device gets"),
-    (["--model-parallel", "2"], "--model-parallel 2 needs --sharding tensor or fsdp+tensor, not replicate"),
+    (["--model-parallel", "2"], "--model-parallel 2 needs --sharding tensor, fsdp+tensor, expert or fsdp+expert, not "
+                                "replicate"),
     (["--sharding", "tensor", "--model-parallel", "3"], "--model-parallel 3 does not divide the 1 devices"),
     (["--attention", "pallas_tpu"], "--attention pallas_tpu runs on TPU only, and JAX's backend here is cpu"),
     (["--attention", "pallas_gpu"], "--attention pallas_gpu runs on GPU only, and JAX's backend here is cpu"),

@@ -34,7 +34,9 @@ _OS_HINTS = {
 
 
 def one_line(text: str) -> str:
-    text = " ".join(str(text).split())
+    """``text`` on one line, at most MAX_LINE characters, local paths as paths (fsspec's ``file://`` URLs,
+    which a user never typed, without their scheme)."""
+    text = " ".join(str(text).split()).replace("file:///", "/")
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."
 
 

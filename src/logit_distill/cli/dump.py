@@ -56,12 +56,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="teacher weights and compute dtype (selection is always float32)")
     p.add_argument("--text-field", default="text", help="field holding the text of text records (default text)")
     p.add_argument("--tokenizer", default=None, help="directory or file of tokenizer.json (default: the teacher's)")
-    p.add_argument("--sharding", choices=["replicate", "fsdp", "tensor", "fsdp+tensor"], default="replicate",
+    p.add_argument("--sharding", choices=["replicate", "fsdp", "tensor", "fsdp+tensor", "expert", "fsdp+expert"],
+                   default="replicate",
                    help="teacher parameters: replicated on every device; fsdp (split over the data axis); "
-                        "tensor (heads and MLP columns split over a model axis); fsdp+tensor (both)")
+                        "tensor (heads and MLP columns split over a model axis, a mixture's experts too); "
+                        "fsdp+tensor (both); expert (a mixture's experts split over the model axis, the rest "
+                        "replicated); fsdp+expert (experts over the model axis, the rest fsdp)")
     p.add_argument("--model-parallel", type=int, default=None,
-                   help="devices of the model axis with --sharding tensor/fsdp+tensor (default: all the "
-                        "devices of one host); the rest of the devices split the batch")
+                   help="devices of the model axis with --sharding tensor/fsdp+tensor/expert/fsdp+expert "
+                        "(default: all the devices of one host); the rest of the devices split the batch")
     p.add_argument("--attention", choices=["auto", "dense", "blocked", "pallas_gpu", "pallas_tpu"], default="auto",
                    help="attention implementation (default auto: the Pallas flash kernel on GPU, splash "
                         "attention on TPU (both with --sharding replicate), blocked for sequences over 256 "

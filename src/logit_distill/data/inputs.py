@@ -103,7 +103,7 @@ def resolve_inputs(data: str) -> DataInputs:
         root = posixpath.dirname(path)
         paths = [path]
     else:
-        raise InputError(f"data path not found: {data}")
+        raise InputError(f"data path not found: {data}; check the path")
 
     files, kinds = [], set()
     for p in sorted(paths):

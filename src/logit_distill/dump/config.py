@@ -41,8 +41,8 @@ class DumpConfig:
     tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
     # how the dump runs (not part of the store's identity)
-    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor
-    model_parallel: int | None = None  # devices of the mesh's model axis (tensor modes; default: all)
+    sharding: str = "replicate"  # teacher params: replicate | fsdp | tensor | fsdp+tensor | expert | fsdp+expert
+    model_parallel: int | None = None  # devices of the mesh's model axis (tensor and expert modes; default: all)
     attention: str = "auto"  # auto | dense | blocked | pallas_gpu | pallas_tpu (models/attention.py)
     device_batch: int | None = None  # examples per kernel on each device (default: per backend)
     vocab_chunk: int | None = None  # vocabulary entries per chunk of the selection (default 32768)
@@ -87,15 +87,29 @@ class DumpConfig:
             raise InputError(f"chat must be a ChatOptions, got {type(self.chat).__name__}")
         self.chat.check()
         from ..models.attention import check_attention
-        from ..models.sharding import check_mode
+        from ..models.sharding import MODEL_AXIS_MODES, check_mode
 
         check_attention(self.attention)
         check_mode(self.sharding)
-        if self.model_parallel not in (None, 1) and self.sharding not in ("tensor", "fsdp+tensor"):
-            raise InputError(f"--model-parallel {self.model_parallel} needs --sharding tensor or fsdp+tensor, "
-                             f"not {self.sharding}")
+        if self.model_parallel not in (None, 1) and self.sharding not in MODEL_AXIS_MODES:
+            raise InputError(f"--model-parallel {self.model_parallel} needs --sharding tensor, fsdp+tensor, expert "
+                             f"or fsdp+expert, not {self.sharding}")
         _check_array_record_options(self.array_record_options)
         return self
+
+    @classmethod
+    def from_flat(cls, *, data_seed: int = 0, samples: int = 0, proposal_temperature: float = 1.0,
+                  tail_temperatures: str = "", tokenizer: str = "", model_parallel: int = 0, device_batch: int = 0,
+                  vocab_chunk: int = 0, **fields) -> "DumpConfig":
+        """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
+        ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
+        sampled selection only, ``data_seed`` for ``seed``."""
+        sampled = fields.get("selection", "topk") == "sampled"
+        return cls(seed=data_seed, samples=samples if sampled else None,
+                   proposal_temperature=proposal_temperature if sampled else 1.0,
+                   tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
+                   tokenizer=tokenizer or None, model_parallel=model_parallel or None,
+                   device_batch=device_batch or None, vocab_chunk=vocab_chunk or None, **fields)
 
     @property
     def inputs(self) -> dict:

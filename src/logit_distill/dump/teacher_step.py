@@ -16,13 +16,13 @@ _DEFAULT_DEVICE_BATCH = 8
 
 
 def dump_mesh(config: DumpConfig):
-    """The dump's mesh over every device: ``data``, or (``data``, ``model``) for the tensor modes."""
+    """The dump's mesh over every device: ``data``, or (``data``, ``model``) for the tensor and expert modes."""
     import jax
 
-    from ..models.sharding import make_mesh
+    from ..models.sharding import MODEL_AXIS_MODES, make_mesh
 
     mp = 1
-    if config.sharding in ("tensor", "fsdp+tensor"):
+    if config.sharding in MODEL_AXIS_MODES:
         mp = config.model_parallel or jax.local_device_count()
     return make_mesh(jax.devices(), mp)
 
@@ -82,6 +82,7 @@ class TeacherStep:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         from ..models import decoder, shard_params
+        from ..models.sharding import expert_mesh_for
         from ..selection import NONFINITE_KEY, make_teacher_sampled, make_teacher_topk, with_finite_check
 
         self.mesh = mesh
@@ -92,14 +93,17 @@ class TeacherStep:
         rows = config.batch_size // mesh.shape["data"]
         self.device_batch = device_batch_for(config, rows, jax.default_backend()) if replicated else rows
         self.attention = dump_attention(config, jax.default_backend())
-        apply = functools.partial(teacher.apply, attention=self.attention)
+        # MoE teachers in the sharded modes: their experts' matmuls split over the mesh (models.sharding)
+        moe = {} if replicated or getattr(teacher.config, "moe", None) is None else {
+            "expert_mesh": expert_mesh_for(mesh, config.sharding)}
+        apply = functools.partial(teacher.apply, attention=self.attention, **moe)
         # Replicated teachers run device_batch examples at a time on each device: the same kernel
         # shapes, hence the same bytes, on any number of devices. The sharded modes split the
         # matmuls themselves, so the last bits may differ.
         on_mesh = dict(mesh=mesh if replicated else None, device_batch=self.device_batch)
         if teacher.config is not None:  # the head and selection over vocabulary chunks
             cfg = teacher.config
-            on_mesh.update(features=functools.partial(decoder.hidden, cfg, attention=self.attention),
+            on_mesh.update(features=functools.partial(decoder.hidden, cfg, attention=self.attention, **moe),
                            head=functools.partial(decoder.head_logits, cfg), vocab_size=cfg.vocab_size,
                            vocab_chunk=config.vocab_chunk)
         if config.selection == "sampled":

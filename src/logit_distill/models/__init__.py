@@ -1,4 +1,5 @@
-"""Teacher and student decoders: Qwen3, Qwen2, Llama 3, Gemma 3 (text).
+"""Teacher and student decoders: Qwen3, Qwen2, Llama 3, Gemma 3 (text), and the mixture-of-experts teachers
+Qwen3-MoE, gpt-oss, DeepSeek-V3 / Kimi K2 and GLM-4.5.
 
 - ``load_model(spec, *, dtype="float32")``: an HF checkpoint dir/URI or ``preset:NAME[@SEED]``
   (the spec grammar: ``specs``).
@@ -6,7 +7,10 @@
   pure, jit-able; attention is causal and never crosses segments (0 = padding).
 - ``init_params`` / ``build_model``: a random student for an HF config.
 - ``save_hf_checkpoint``: config.json + model.safetensors (+ tokenizer) for transformers.
-- ``shard_params``: place params on a mesh (``replicate`` | ``fsdp`` | ``tensor`` | ``fsdp+tensor``).
+- ``shard_params``: place params on a mesh (``replicate`` | ``fsdp`` | ``tensor`` | ``fsdp+tensor`` |
+  ``expert`` | ``fsdp+expert``).
+- ``moe``: routing and the experts' grouped matmuls (``tiles`` on CPU, ``ragged`` on accelerators);
+  ``mla``: DeepSeek's latent attention; ``sources`` / ``quantized``: checkpoint layouts, FP8 and MXFP4.
 - ``attention``: the attention implementations (``dense``, ``blocked``, ``pallas_gpu``, ``pallas_tpu``, ``auto``).
 - ``load_student(dir)``: the Flax NNX student exported by training (``flax_student``,
   docs/STUDENTS.md).

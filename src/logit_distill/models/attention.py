@@ -3,7 +3,10 @@
 Every implementation computes the same thing: causal attention that never
 crosses segments (0 = padding; a padding row attends to itself only, so it
 stays finite), optionally within a sliding window of positions (Gemma 3's local
-layers), with Gemma's optional logit softcapping, scores and softmax in float32.
+layers, gpt-oss's sliding layers), with Gemma's optional logit softcapping and
+gpt-oss's attention sinks (a learned logit per head that joins the softmax's
+denominator and attends to nothing), scores and softmax in float32. Values may
+have another head size than queries and keys (DeepSeek-V3's MLA).
 
 - ``dense``: the reference. Scores ``[B, K, G, L, L]`` in float32: quadratic memory.
 - ``blocked``: queries in blocks of ``BLOCK`` rows; each block attends to the
@@ -13,12 +16,12 @@ layers), with Gemma's optional logit softcapping, scores and softmax in float32.
   backend; for L <= BLOCK it is a single block.
 - ``pallas_gpu``: the Pallas GPU flash-attention kernel of jax
   (``jax.experimental.pallas.ops.gpu.attention.mha``: causal, segment ids,
-  online softmax in SRAM). It has neither sliding windows nor softcapping, so
-  layers that need those fall back to ``blocked``.
+  online softmax in SRAM). It has neither sliding windows, softcapping nor
+  sinks, so layers that need those fall back to ``blocked``.
 - ``pallas_tpu``: jax's splash attention for TPU
   (``jax.experimental.pallas.ops.tpu.splash_attention``: causal, segment ids,
-  sliding windows, softcapping; blocks of the causal mask's upper triangle are
-  skipped). Its local mask counts token indices, which are the positions
+  sliding windows, softcapping, sinks; blocks of the causal mask's upper
+  triangle are skipped). Its local mask counts token indices, which are the positions
   within a packed document (positions run by one there; across documents the
   segment ids mask anyway).
 - ``auto``: ``pallas_gpu`` on GPU, ``pallas_tpu`` on TPU (L a multiple of 128),
@@ -91,30 +94,39 @@ def attention_mask(positions, segment_ids, window: int | None = None, q_start: i
     return mask | ((seg_q == 0) & (iq == ik))
 
 
-def _softmax_attend(cfg, q, k, v, mask):
-    """q [B, Lq, K, G, Dh], k/v [B, Lk, K, Dh], mask [B, Lq, Lk] -> [B, Lq, K, G, Dh]."""
+def _softmax_attend(cfg, q, k, v, mask, sinks=None):
+    """q [B, Lq, K, G, Dh], k [B, Lk, K, Dh], v [B, Lk, K, Dv], mask [B, Lq, Lk], sinks [K, G] or None
+    -> [B, Lq, K, G, Dv]."""
     scores = jnp.einsum("blkgd,bskd->bkgls", q, k) * jnp.asarray(cfg.query_scale, q.dtype)
     scores = scores.astype(jnp.float32)
     if cfg.attn_logit_softcapping:
         c = cfg.attn_logit_softcapping
         scores = jnp.tanh(scores / c) * c
     scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgls,bskd->blkgd", probs, v)
+    if sinks is None:
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:  # the sink joins the denominator (transformers: softmax over [scores, sink], sink column dropped)
+        sink = sinks.astype(jnp.float32)[None, :, :, None, None]
+        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+        e = jnp.exp(scores - top)
+        probs = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
+    return jnp.einsum("bkgls,bskd->blkgd", probs.astype(v.dtype), v)
 
 
-def _dense(cfg, q, k, v, positions, segment_ids, window, mask=None):
+def _dense(cfg, q, k, v, positions, segment_ids, window, mask=None, sinks=None):
     if mask is None:
         mask = attention_mask(positions, segment_ids, window)
-    return _softmax_attend(cfg, q, k, v, mask)
+    return _softmax_attend(cfg, q, k, v, mask, sinks)
 
 
-def _blocked(cfg, q, k, v, positions, segment_ids, window, block: int | None = None):
+def _blocked(cfg, q, k, v, positions, segment_ids, window, block: int | None = None, sinks=None):
     """Query blocks attending to their key prefix. Heads-major layout ``[B, K, G*rows, Dh]``: the
     G query heads of a key/value head are rows of one matmul (XLA's CPU dot ran 2.5x faster so
     than with ``G`` as a batch dimension)."""
     B, L, K, G, Dh = q.shape
+    Dv = v.shape[-1]
     block = block or BLOCK
+    sink = None if sinks is None else sinks.astype(jnp.float32)[None, :, :, None, None]
     qh = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, L, Dh]
     kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, L, Dh]
     vh = jnp.transpose(v, (0, 2, 1, 3))
@@ -132,11 +144,17 @@ def _blocked(cfg, q, k, v, positions, segment_ids, window, block: int | None = N
             scores = jnp.tanh(scores / c) * c
         scores = jnp.where(mask[:, None, None], scores, _NEG)
         # softmax normalized after the value matmul: one pass less over the [rows, keys] block
-        e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-        denom = jnp.sum(e, axis=-1).reshape(B, K, G * n, 1)
+        top = jnp.max(scores, axis=-1, keepdims=True)
+        if sink is not None:
+            top = jnp.maximum(top, sink)
+        e = jnp.exp(scores - top)
+        denom = jnp.sum(e, axis=-1, keepdims=True)
+        if sink is not None:  # the sink's term in the denominator
+            denom = denom + jnp.exp(sink - top)
+        denom = denom.reshape(B, K, G * n, 1)
         o = jnp.einsum("bkqs,bksd->bkqd", e.astype(v.dtype).reshape(B, K, G * n, end), vh[:, :, :end],
                        preferred_element_type=jnp.float32)
-        outs.append((o / denom).astype(v.dtype).reshape(B, K, G, n, Dh))
+        outs.append((o / denom).astype(v.dtype).reshape(B, K, G, n, Dv))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
     return jnp.transpose(out, (0, 3, 1, 2, 4))  # [B, L, K, G, Dh]
 
@@ -161,7 +179,7 @@ def _pallas_gpu(cfg, q, k, v, positions, segment_ids, window, interpret: bool = 
     return out.reshape(B, L, K, G, Dh)
 
 
-def _pallas_tpu(cfg, q, k, v, positions, segment_ids, window, interpret: bool = False):
+def _pallas_tpu(cfg, q, k, v, positions, segment_ids, window, interpret: bool = False, sinks=None):
     """jax's splash attention (TPU); q [B, L, K, G, Dh] -> same shape. Each key/value head runs its
     G query heads as one multi-query kernel, vmapped over heads and examples."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
@@ -181,32 +199,44 @@ def _pallas_tpu(cfg, q, k, v, positions, segment_ids, window, interpret: bool = 
     kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, L, Dh]
     vh = jnp.transpose(v, (0, 2, 1, 3))
 
+    sinks_kg = (jnp.zeros((K, G), jnp.float32) if sinks is None else sinks.astype(jnp.float32))
+
     def example(qe, ke, ve, seg):
         ids = splash.SegmentIds(q=seg, kv=seg)
         # padding rows (segment 0) attend to each other: finite, and their outputs are not used
-        return jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=ids))(qe, ke, ve)
+        if sinks is None:
+            return jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=ids))(qe, ke, ve)
+        return jax.vmap(lambda a, b, c, s: kernel(a, b, c, segment_ids=ids, sinks=s))(qe, ke, ve, sinks_kg)
 
     out = jax.vmap(example)(qh, kh, vh, segment_ids)  # [B, K, G, L, Dh]
     return jnp.transpose(out, (0, 3, 1, 2, 4))
 
 
-def attention_core(cfg, q, k, v, positions, segment_ids, window, impl: str, mask=None, interpret: bool = False):
-    """q [B, L, H, Dh] (rotated), k/v [B, L, K, Dh] -> [B, L, H, Dh]."""
+def attention_core(cfg, q, k, v, positions, segment_ids, window, impl: str, mask=None, interpret: bool = False,
+                   sinks=None):
+    """q [B, L, H, Dh] (rotated), k [B, L, K, Dh], v [B, L, K, Dv], sinks [H] or None -> [B, L, H, Dv]."""
     B, L, H, Dh = q.shape
     K = k.shape[2]
+    Dv = v.shape[-1]
     q = q.reshape(B, L, K, H // K, Dh)
-    if impl == "pallas_gpu" and (window is not None or cfg.attn_logit_softcapping or L % min(PALLAS_BLOCK, L)):
+    sinks = None if sinks is None else sinks.reshape(K, H // K)
+    if impl == "pallas_gpu" and (window is not None or cfg.attn_logit_softcapping or sinks is not None
+                                 or L % min(PALLAS_BLOCK, L)):
         impl = "blocked"
     if impl == "pallas_tpu" and L % min(SPLASH_BLOCK, L):
         impl = "blocked"
+    if impl in ("pallas_gpu", "pallas_tpu") and Dv != Dh:  # the kernels want one head size: pad the values
+        v = jnp.pad(v, [(0, 0)] * 3 + [(0, Dh - Dv)]) if Dv < Dh else v
+        if v.shape[-1] != Dh:
+            impl = "blocked"
     if impl == "dense":
-        out = _dense(cfg, q, k, v, positions, segment_ids, window, mask)
+        out = _dense(cfg, q, k, v, positions, segment_ids, window, mask, sinks=sinks)
     elif impl == "blocked":
-        out = _blocked(cfg, q, k, v, positions, segment_ids, window)
+        out = _blocked(cfg, q, k, v, positions, segment_ids, window, sinks=sinks)
     elif impl == "pallas_gpu":
         out = _pallas_gpu(cfg, q, k, v, positions, segment_ids, window, interpret=interpret)
     elif impl == "pallas_tpu":
-        out = _pallas_tpu(cfg, q, k, v, positions, segment_ids, window, interpret=interpret)
+        out = _pallas_tpu(cfg, q, k, v, positions, segment_ids, window, interpret=interpret, sinks=sinks)
     else:
         raise ValueError(impl)
-    return out.reshape(B, L, H, Dh)
+    return out[..., :Dv].reshape(B, L, H, Dv)

@@ -18,13 +18,11 @@ import numpy as np
 
 from .. import paths
 from ..errors import InputError
-from . import decoder, safetensors_io
+from . import decoder, safetensors_io, sources
 from .config import DecoderConfig, family_of, from_hf_config
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _EDGE = 2**20  # bytes hashed at each end of a safetensors file
-# tensors some published checkpoints carry that the forward pass does not use
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 @dataclasses.dataclass
@@ -146,14 +144,15 @@ def local_tokenizer(uri: str) -> str | None:
     return paths.fetch_to_local(tok, cache)
 
 
-def _read_placed(f, uri: str, base: int, name: str, info: dict, dtype: np.dtype, mesh, shard_mode):
-    """One tensor onto the mesh, each device's shard read by byte range (rows of dimension 0), each
-    distinct row range once per process; host memory holds at most this one tensor's bytes."""
+def _read_placed(reader, name: str, source, dtype: np.dtype, mesh, shard_mode):
+    """One parameter onto the mesh, each device's shard read by byte range (rows of dimension 0, dequantized
+    or stacked by its ``source``), each distinct row range once per process; host memory holds at most
+    this one parameter's bytes."""
     if mesh is None:
-        return jnp.asarray(safetensors_io.read_rows(f, uri, base, name, info).astype(dtype, copy=False))
+        return jnp.asarray(source.rows(reader).astype(dtype, copy=False))
     from .sharding import sharding_for
 
-    shape = tuple(info["shape"])
+    shape = tuple(source.shape)
     sharding = sharding_for(shape, mesh, shard_mode, name=name)
     rows: dict = {}
 
@@ -161,11 +160,11 @@ def _read_placed(f, uri: str, base: int, name: str, info: dict, dtype: np.dtype,
         if not shape:
             key = None
             if key not in rows:
-                rows[key] = safetensors_io.read_rows(f, uri, base, name, info).astype(dtype, copy=False)
+                rows[key] = source.rows(reader).astype(dtype, copy=False)
             return rows[key]
         r = index[0].indices(shape[0])[:2]
         if r not in rows:
-            rows[r] = safetensors_io.read_rows(f, uri, base, name, info, *r).astype(dtype, copy=False)
+            rows[r] = source.rows(reader, *r).astype(dtype, copy=False)
         return rows[r][(slice(None), *index[1:])]
 
     return jax.make_array_from_callback(shape, sharding, shard)
@@ -186,46 +185,27 @@ def load_checkpoint(
     np_dtype = _np_dtype(dtype)
     hf_config = read_hf_config(uri)
     cfg = from_hf_config(hf_config)
+    if mesh is not None and shard_mode in ("expert", "fsdp+expert") and cfg.moe is None:
+        raise InputError(f"--sharding {shard_mode} splits a mixture's experts, and {uri} ({cfg.family}) has none; "
+                         "use --sharding fsdp, tensor or fsdp+tensor")
     files = _safetensors_files(uri)
     expected = decoder.expected_tensors(cfg)
 
     # names and shapes first (headers only), so a wrong checkpoint fails before any big read
-    found: dict[str, tuple[str, list]] = {}
+    found: dict[str, tuple[str, dict]] = {}
     for name in files:
         for t, info in safetensors_io.tensor_names(paths.join(uri, name)).items():
-            found[t] = (name, info["shape"])
-    extra = sorted(
-        t
-        for t in found
-        if t not in expected
-        and not t.endswith(_IGNORED_SUFFIXES)
-        and not (t == "lm_head.weight" and cfg.tie_embeddings)
-    )
-    missing = sorted(t for t in expected if t not in found)
-    if missing or extra:
-        msg = [f"{uri}: tensors do not match a {cfg.family} model of this config.json"]
-        if missing:
-            msg.append(f"missing ({len(missing)}): {', '.join(missing[:20])}" + (" ..." if len(missing) > 20 else ""))
-        if extra:
-            msg.append(f"unexpected ({len(extra)}): {', '.join(extra[:20])}" + (" ..." if len(extra) > 20 else ""))
-        raise InputError("; ".join(msg))
-    bad = [f"{t} {found[t][1]} != {list(s)}" for t, s in expected.items() if list(found[t][1]) != list(s)]
-    if bad:
-        raise InputError(f"{uri}: tensor shapes do not match config.json: {'; '.join(bad[:10])}")
-
+            found[t] = (name, info)
+    plan = sources.plan(cfg, hf_config, uri, found, expected)
+    reader = sources.Reader(uri, found)
+    # in the order of the files' bytes (one pass over each file for checkpoints laid out by layer)
+    order = sorted(plan, key=lambda n: (found[plan[n].reads()[0]][0], found[plan[n].reads()[0]][1]["data_offsets"][0]))
     flat = {}
-    for name in files:
-        wanted = {t for t, (f, _) in found.items() if f == name and t in expected}
-        if not wanted:
-            continue
-        file_uri = paths.join(uri, name)
-        fs, path = paths.url_to_fs(file_uri)
-        # local files unbuffered (each tensor is one read straight into its buffer), others through fsspec
-        with (open(paths.local_path(file_uri), "rb", buffering=0) if paths.is_local(file_uri)
-              else fs.open(path, "rb")) as f:
-            header, base = safetensors_io.read_header(f, file_uri)
-            for t in sorted(wanted, key=lambda t: header[t]["data_offsets"][0]):
-                flat[t] = _read_placed(f, file_uri, base, t, header[t], np_dtype, mesh, shard_mode)
+    try:
+        for t in order:
+            flat[t] = _read_placed(reader, t, plan[t], decoder.tensor_dtype(cfg, t, np_dtype), mesh, shard_mode)
+    finally:
+        reader.close()
     params = decoder.unflatten(cfg, flat)
     return build_model(
         hf_config,
@@ -255,9 +235,10 @@ def save_hf_checkpoint(
     missing = sorted(set(expected) - set(flat))
     if missing:
         raise InputError(f"params lack tensors: {', '.join(missing[:20])}")
-    host = {name: np.asarray(jax.device_get(flat[name])) for name in expected}
+    host = sources.checkpoint_tensors(cfg, {name: np.asarray(jax.device_get(flat[name])) for name in expected})
     dtypes = {str(a.dtype) for a in host.values()}
     hf_config = dict(loaded.hf_config)
+    hf_config.pop("quantization_config", None)  # the weights written are the dequantized ones
     if len(dtypes) == 1:
         hf_config["dtype"] = dtypes.pop()
         hf_config.pop("torch_dtype", None)

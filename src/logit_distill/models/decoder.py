@@ -1,15 +1,21 @@
-"""One compact pure-JAX decoder for Qwen3, Qwen2, Llama 3 and Gemma 3 (text).
+"""One compact pure-JAX decoder for every family we support: Qwen3, Qwen2, Llama 3, Gemma 3 (text),
+and the mixtures of experts Qwen3-MoE, gpt-oss, DeepSeek-V3 / Kimi K2 and GLM-4.5.
 
 Why our own and not the Tunix model zoo: see docs/MODELS.md (Tunix 0.1.7
 ignores the checkpoint's rope_theta and Llama 3.1 rope scaling, its modules are
 stateful Flax NNX objects built from hard-coded presets rather than from
 config.json, and its loader fails with a mesh on jax 0.10.2). The families
-differ only in a handful of switches, all in ``DecoderConfig``.
+differ only in switches, all in ``DecoderConfig``: the MoE block (``moe.py``)
+beside the dense MLP, multi-head latent attention (``mla.py``) beside the
+standard attention, attention sinks, partial rotary, YaRN (``rope.py``).
 
 Parameters are a plain pytree: nested dicts (and a list for the layers) whose
 paths are the HF tensor names split at the dots, e.g.
 ``params["model"]["layers"][3]["self_attn"]["q_proj"]["weight"]``; matrices
-keep the HF ``[out, in]`` layout, so loading and saving are renames-free.
+keep the HF ``[out, in]`` layout. Experts are held as transformers 5 holds
+them, one tensor per layer and projection with the experts first
+(``mlp.experts.gate_up_proj`` [E, ...], ``mlp.experts.down_proj``); the loader
+stacks checkpoints that store one tensor per expert (``sources.py``).
 ``apply(cfg, params, tokens, positions, segment_ids, attention="auto")`` is pure
 and jit-able; ``hidden`` and ``head_logits`` are its two halves (the final
 hidden states, and the float32 logits of a vocabulary slice), so a selection
@@ -24,8 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import mla, moe, rope
 from .attention import attention_core, attention_mask, resolve_attention
 from .config import DecoderConfig
+from .layers import linear as _linear
+from .layers import rms_norm
 
 _NEG = float(np.finfo(np.float32).min)
 
@@ -33,8 +42,35 @@ _NEG = float(np.finfo(np.float32).min)
 # ----------------------------------------------------------------------------- names
 
 
+def _moe_tensors(cfg: DecoderConfig, p: str) -> dict[str, tuple[int, ...]]:
+    m, d = cfg.moe, cfg.hidden_size
+    e, i = m.num_experts, m.intermediate_size
+    out = {}
+    if m.router == "topk_softmax":
+        out[p + "router.weight"] = (e, d)
+        out[p + "router.bias"] = (e,)
+    else:
+        out[p + "gate.weight"] = (e, d)
+        if m.score_correction_bias:
+            out[p + "gate.e_score_correction_bias"] = (e,)
+    if m.layout == "interleaved":  # gpt-oss: [E, in, out], gate and up in alternate columns, with biases
+        out[p + "experts.gate_up_proj"] = (e, d, 2 * i)
+        out[p + "experts.gate_up_proj_bias"] = (e, 2 * i)
+        out[p + "experts.down_proj"] = (e, i, d)
+        out[p + "experts.down_proj_bias"] = (e, d)
+    else:  # transformers 5: [E, out, in], gate rows then up rows
+        out[p + "experts.gate_up_proj"] = (e, 2 * i, d)
+        out[p + "experts.down_proj"] = (e, d, i)
+    if m.shared_intermediate_size:
+        s = m.shared_intermediate_size
+        out[p + "shared_experts.gate_proj.weight"] = (s, d)
+        out[p + "shared_experts.up_proj.weight"] = (s, d)
+        out[p + "shared_experts.down_proj.weight"] = (d, s)
+    return out
+
+
 def expected_tensors(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape, exactly the set a checkpoint of ``cfg`` holds."""
+    """Parameter name -> shape: the HF tensor names (transformers 5's, for stacked experts)."""
     d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     qd, kd = cfg.num_heads * hd, cfg.num_kv_heads * hd
     out = {"model.embed_tokens.weight": (cfg.vocab_size, d), "model.norm.weight": (d,)}
@@ -42,32 +78,50 @@ def expected_tensors(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
         out["lm_head.weight"] = (cfg.vocab_size, d)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        out[p + "self_attn.q_proj.weight"] = (qd, d)
-        out[p + "self_attn.k_proj.weight"] = (kd, d)
-        out[p + "self_attn.v_proj.weight"] = (kd, d)
-        out[p + "self_attn.o_proj.weight"] = (d, qd)
-        if cfg.qkv_bias:
-            out[p + "self_attn.q_proj.bias"] = (qd,)
-            out[p + "self_attn.k_proj.bias"] = (kd,)
-            out[p + "self_attn.v_proj.bias"] = (kd,)
-        if cfg.o_bias:
-            out[p + "self_attn.o_proj.bias"] = (d,)
+        if cfg.mla is not None:
+            out.update(mla.expected_tensors(cfg, p + "self_attn."))
+        else:
+            out[p + "self_attn.q_proj.weight"] = (qd, d)
+            out[p + "self_attn.k_proj.weight"] = (kd, d)
+            out[p + "self_attn.v_proj.weight"] = (kd, d)
+            out[p + "self_attn.o_proj.weight"] = (d, qd)
+            if cfg.qkv_bias:
+                out[p + "self_attn.q_proj.bias"] = (qd,)
+                out[p + "self_attn.k_proj.bias"] = (kd,)
+                out[p + "self_attn.v_proj.bias"] = (kd,)
+            if cfg.o_bias:
+                out[p + "self_attn.o_proj.bias"] = (d,)
         if cfg.qk_norm:
             out[p + "self_attn.q_norm.weight"] = (hd,)
             out[p + "self_attn.k_norm.weight"] = (hd,)
-        out[p + "mlp.gate_proj.weight"] = (f, d)
-        out[p + "mlp.up_proj.weight"] = (f, d)
-        out[p + "mlp.down_proj.weight"] = (d, f)
-        if cfg.mlp_bias:
-            out[p + "mlp.gate_proj.bias"] = (f,)
-            out[p + "mlp.up_proj.bias"] = (f,)
-            out[p + "mlp.down_proj.bias"] = (d,)
+        if cfg.attention_sinks:
+            out[p + "self_attn.sinks"] = (cfg.num_heads,)
+        if cfg.is_moe_layer(i):
+            out.update(_moe_tensors(cfg, p + "mlp."))
+        else:
+            out[p + "mlp.gate_proj.weight"] = (f, d)
+            out[p + "mlp.up_proj.weight"] = (f, d)
+            out[p + "mlp.down_proj.weight"] = (d, f)
+            if cfg.mlp_bias:
+                out[p + "mlp.gate_proj.bias"] = (f,)
+                out[p + "mlp.up_proj.bias"] = (f,)
+                out[p + "mlp.down_proj.bias"] = (d,)
         out[p + "input_layernorm.weight"] = (d,)
         out[p + "post_attention_layernorm.weight"] = (d,)
         if cfg.gemma_norms:
             out[p + "pre_feedforward_layernorm.weight"] = (d,)
             out[p + "post_feedforward_layernorm.weight"] = (d,)
     return out
+
+
+def tensor_dtype(cfg: DecoderConfig, name: str, dtype) -> np.dtype:
+    """The dtype a parameter is held in: ``dtype``, except what transformers keeps in float32 whatever the
+    model's dtype (the routers' ``e_score_correction_bias``; gpt-oss's norms)."""
+    if name.endswith("e_score_correction_bias"):
+        return np.dtype(np.float32)
+    if cfg.norm_scale_float32 and name.endswith("norm.weight"):
+        return np.dtype(np.float32)
+    return np.dtype(dtype)
 
 
 def unflatten(cfg: DecoderConfig, flat: dict) -> dict:
@@ -118,12 +172,12 @@ def init_flat(cfg: DecoderConfig, seed: int, dtype, initializer_range: float = 0
     for name, shape in expected_tensors(cfg).items():
         if name.endswith("norm.weight"):
             a = np.zeros(shape, np.float32) if cfg.gemma_norms else np.ones(shape, np.float32)
-        elif name.endswith(".bias"):
+        elif name.endswith("bias"):  # .bias, the experts' _bias, e_score_correction_bias
             a = np.zeros(shape, np.float32)
         else:
             rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
             a = rng.normal(0.0, initializer_range, size=shape).astype(np.float32)
-        out[name] = jnp.asarray(a, dtype=dtype)
+        out[name] = jnp.asarray(a, dtype=tensor_dtype(cfg, name, dtype))
     return out
 
 
@@ -131,33 +185,15 @@ def init_flat(cfg: DecoderConfig, seed: int, dtype, initializer_range: float = 0
 
 
 def _rms_norm(cfg: DecoderConfig, x, w):
-    dtype = x.dtype
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
-    if cfg.gemma_norms:  # Gemma: (x * (1 + w)) in float32, then cast
-        return (y * (1.0 + w.astype(jnp.float32))).astype(dtype)
-    return w * y.astype(dtype)  # Llama/Qwen: cast, then scale
-
-
-def _linear(x, p):
-    y = jnp.einsum("...i,oi->...o", x, p["weight"])
-    if "bias" in p:
-        y = y + p["bias"]
-    return y
+    return rms_norm(x, w, cfg.rms_norm_eps, gemma=cfg.gemma_norms, float32_scale=cfg.norm_scale_float32)
 
 
 def _rope(x, positions, inv_freq):
     """x [B, L, H, Dh]; rotate-half RoPE as in transformers (cos/sin in float32)."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, L, Dh]
-    cos = jnp.cos(emb).astype(x.dtype)[:, :, None, :]
-    sin = jnp.sin(emb).astype(x.dtype)[:, :, None, :]
-    h = x.shape[-1] // 2
-    rot = jnp.concatenate([-x[..., h:], x[..., :h]], axis=-1)
-    return x * cos + rot * sin
+    return rope.apply(x, positions, inv_freq)
 
 
-def _attention(cfg: DecoderConfig, p, x, positions, segment_ids, window, inv_freq, impl, mask=None):
+def _attention(cfg: DecoderConfig, p, x, positions, segment_ids, window, inv_freq, rope_scale, impl, mask=None):
     B, L, _ = x.shape
     H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = _linear(x, p["q_proj"]).reshape(B, L, H, Dh)
@@ -166,9 +202,10 @@ def _attention(cfg: DecoderConfig, p, x, positions, segment_ids, window, inv_fre
     if cfg.qk_norm:
         q = _rms_norm(cfg, q, p["q_norm"]["weight"])
         k = _rms_norm(cfg, k, p["k_norm"]["weight"])
-    q = _rope(q, positions, inv_freq)
-    k = _rope(k, positions, inv_freq)
-    out = attention_core(cfg, q, k, v, positions, segment_ids, window, impl, mask=mask)
+    kw = dict(rotary_dim=cfg.rotary_dim, scale=rope_scale)
+    q = rope.apply(q, positions, inv_freq, **kw)
+    k = rope.apply(k, positions, inv_freq, **kw)
+    out = attention_core(cfg, q, k, v, positions, segment_ids, window, impl, mask=mask, sinks=p.get("sinks"))
     return _linear(out.reshape(B, L, H * Dh), p["o_proj"])
 
 
@@ -178,8 +215,19 @@ def _mlp(cfg: DecoderConfig, p, x):
     return _linear(act * _linear(x, p["up_proj"]), p["down_proj"])
 
 
-def hidden(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attention: str = "auto"):
-    """The final normed hidden states [B, L, D] (the output head's input)."""
+def _feed_forward(cfg: DecoderConfig, i: int, p, x, experts: str, expert_mesh):
+    if not cfg.is_moe_layer(i):
+        return _mlp(cfg, p, x)
+    shared = (lambda h: _mlp(cfg, p["shared_experts"], h)) if "shared_experts" in p else None
+    return moe.block(cfg.moe, p, x, experts, expert_mesh, shared=shared)
+
+
+def hidden(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attention: str = "auto",
+           experts: str = "auto", expert_mesh: moe.ExpertMesh | None = None):
+    """The final normed hidden states [B, L, D] (the output head's input).
+
+    ``experts``: the MoE blocks' grouped matmuls (``models.moe``); ``expert_mesh``: run them split over
+    a mesh (data parallel, and experts over a mesh axis), as the dump's sharded modes do."""
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(positions, jnp.int32)
     segment_ids = jnp.asarray(segment_ids, jnp.int32)
@@ -191,11 +239,13 @@ def hidden(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attent
     impl = resolve_attention(attention, L=tokens.shape[1], cfg=cfg)
     masks = ({w: attention_mask(positions, segment_ids, w) for w in set(cfg.layer_windows)}
              if impl == "dense" else {})
+    attend = mla.attention if cfg.mla is not None else _attention
     for i, lp in enumerate(m["layers"]):
         window = cfg.layer_windows[i]
-        inv = cfg.inv_freq(cfg.layer_rope[i])
+        r = cfg.layer_rope[i]
+        inv, scale = cfg.inv_freq(r), cfg.rope_scales[r]
         h = _rms_norm(cfg, x, lp["input_layernorm"]["weight"])
-        h = _attention(cfg, lp["self_attn"], h, positions, segment_ids, window, inv, impl, mask=masks.get(window))
+        h = attend(cfg, lp["self_attn"], h, positions, segment_ids, window, inv, scale, impl, mask=masks.get(window))
         if cfg.gemma_norms:
             h = _rms_norm(cfg, h, lp["post_attention_layernorm"]["weight"])
             x = x + h
@@ -206,7 +256,7 @@ def hidden(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attent
         else:
             x = x + h
             h = _rms_norm(cfg, x, lp["post_attention_layernorm"]["weight"])
-            x = x + _mlp(cfg, lp["mlp"], h)
+            x = x + _feed_forward(cfg, i, lp["mlp"], h, experts, expert_mesh)
     return _rms_norm(cfg, x, m["norm"]["weight"])
 
 
@@ -226,10 +276,13 @@ def head_logits(cfg: DecoderConfig, params, x, start=0, size: int | None = None)
     return logits.astype(jnp.float32)
 
 
-def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attention: str = "auto"):
+def apply(cfg: DecoderConfig, params, tokens, positions, segment_ids, *, attention: str = "auto",
+          experts: str = "auto", expert_mesh: moe.ExpertMesh | None = None):
     """float32 logits [B, L, V] for int32 tokens/positions/segment_ids [B, L].
 
-    ``attention``: how attention is computed (``models.attention``); every choice gives the
-    same logits up to float rounding.
+    ``attention``: how attention is computed (``models.attention``); ``experts``: how the MoE blocks'
+    experts are (``models.moe``); every choice gives the same logits up to float rounding.
     """
-    return head_logits(cfg, params, hidden(cfg, params, tokens, positions, segment_ids, attention=attention))
+    x = hidden(cfg, params, tokens, positions, segment_ids, attention=attention, experts=experts,
+               expert_mesh=expert_mesh)
+    return head_logits(cfg, params, x)

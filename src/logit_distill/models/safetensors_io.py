@@ -4,7 +4,7 @@ Written by hand (the format is an 8-byte header length, a JSON header and raw
 little-endian bytes) because the ``safetensors`` package reads either a local
 path or a whole file held in memory; reading tensor by tensor through an
 fsspec file works the same for local paths and ``gs://`` and never holds more
-than one tensor's bytes. bfloat16 comes from ``ml_dtypes`` (a JAX dependency).
+than one tensor's bytes. bfloat16 and the float8 types come from ``ml_dtypes`` (a JAX dependency).
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ DTYPES = {
     "F64": np.dtype(np.float64),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
+    # quantized checkpoints: FP8 weights (DeepSeek-V3, Kimi K2), MXFP4 blocks and exponents (gpt-oss)
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 

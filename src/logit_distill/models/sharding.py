@@ -13,6 +13,15 @@ replicated. A dimension the ``model`` axis does not divide stays whole.
 ``fsdp+tensor``: ``tensor``, and each large array's other dimension split over
 the data axis as well (for teachers that do not fit ``model`` devices).
 
+Mixtures of experts: ``expert`` splits the experts (dimension 0 of every
+``mlp.experts.*`` tensor) over the ``model`` axis and replicates the rest;
+``fsdp+expert`` adds ``fsdp`` for the rest (and the experts' other
+dimensions). The tensor modes split the experts the same way (by expert, not by
+their FFN columns: a device then runs whole experts). The forward runs the MoE
+blocks inside ``shard_map`` (``expert_mesh``): each device routes its data
+shard's tokens, runs the pairs of the experts it holds, and the partial sums
+are added over ``model``.
+
 The forward pass needs no annotations: under ``jit`` XLA's SPMD partitioner
 inserts the collectives each op needs.
 
@@ -28,8 +37,11 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MODES = ("replicate", "fsdp", "tensor", "fsdp+tensor")
+MODES = ("replicate", "fsdp", "tensor", "fsdp+tensor", "expert", "fsdp+expert")
 MODEL_AXIS = "model"
+MODEL_AXIS_MODES = ("tensor", "fsdp+tensor", "expert", "fsdp+expert")  # modes with a ``model`` mesh axis
+_EXPERT_TENSORS = ("experts.gate_up_proj", "experts.gate_up_proj_bias", "experts.down_proj",
+                   "experts.down_proj_bias")
 # HF tensor name suffix -> the dimension split over ``model`` (HF [out, in] layout)
 _TENSOR_DIM = {
     "q_proj.weight": 0, "k_proj.weight": 0, "v_proj.weight": 0, "o_proj.weight": 1,
@@ -37,6 +49,7 @@ _TENSOR_DIM = {
     "gate_proj.weight": 0, "up_proj.weight": 0, "down_proj.weight": 1,
     "gate_proj.bias": 0, "up_proj.bias": 0,
     "embed_tokens.weight": 0, "lm_head.weight": 0,
+    "q_b_proj.weight": 0, "kv_b_proj.weight": 0,  # MLA: by heads
 }
 
 
@@ -81,16 +94,28 @@ def _fsdp_dim(shape, n: int, skip: int | None = None):
     return None
 
 
+def is_expert_tensor(name: str) -> bool:
+    return name.endswith(_EXPERT_TENSORS)
+
+
 def spec_for(shape, mesh: Mesh, mode: str, min_size: int = 4096, name: str = "") -> P:
     check_mode(mode)
     spec: list = [None] * len(shape)
     tensor_dim = None
-    if mode in ("tensor", "fsdp+tensor") and MODEL_AXIS in mesh.axis_names:
+    if mode in MODEL_AXIS_MODES and MODEL_AXIS in mesh.axis_names and is_expert_tensor(name):
+        if shape[0] % mesh.shape[MODEL_AXIS]:
+            from ..errors import InputError
+
+            raise InputError(f"{name}: the {shape[0]} experts do not split over the {mesh.shape[MODEL_AXIS]} "
+                             f"devices of the model axis; choose --model-parallel dividing {shape[0]}")
+        spec[0] = MODEL_AXIS
+        tensor_dim = 0
+    elif mode in ("tensor", "fsdp+tensor") and MODEL_AXIS in mesh.axis_names:
         dim = next((d for suffix, d in _TENSOR_DIM.items() if name.endswith(suffix)), None)
         if dim is not None and dim < len(shape) and shape[dim] % mesh.shape[MODEL_AXIS] == 0:
             spec[dim] = MODEL_AXIS
             tensor_dim = dim
-    if mode in ("fsdp", "fsdp+tensor") and len(shape) >= 2 and int(np.prod(shape)) >= min_size:
+    if mode in ("fsdp", "fsdp+tensor", "fsdp+expert") and len(shape) >= 2 and int(np.prod(shape)) >= min_size:
         axis = fsdp_axis(mesh)
         if axis != MODEL_AXIS:
             dim = _fsdp_dim(shape, mesh.shape[axis], skip=tensor_dim)
@@ -116,3 +141,17 @@ def shard_params(params, mesh: Mesh, mode: str = "fsdp", min_size: int = 4096):
     return jax.tree_util.tree_map_with_path(
         lambda path, a: jax.device_put(a, sharding_for(a.shape, mesh, mode, min_size, _name(path))), params
     )
+
+
+def expert_mesh_for(mesh: Mesh, mode: str):
+    """How the MoE blocks run on ``mesh`` in a sharded ``mode`` (``models.moe.ExpertMesh``): split over the
+    batch (axis ``data``), and the experts over ``model`` in the modes that split them; None for
+    ``replicate`` (each device then runs whole examples with every expert)."""
+    from .moe import ExpertMesh
+
+    check_mode(mode)
+    if mode == "replicate":
+        return None
+    data = "data" if "data" in mesh.axis_names else None
+    experts = MODEL_AXIS if mode in MODEL_AXIS_MODES and MODEL_AXIS in mesh.axis_names else None
+    return ExpertMesh(mesh, data_axis=data, expert_axis=experts)

@@ -68,6 +68,15 @@ class TrainConfig:
     force_takeover: bool = False  # take over a stale lease of the output
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
 
+    @classmethod
+    def from_flat(cls, *, warmup_steps: int = -1, loss: str = "", alpha_end: float = -1.0, eval_data: str = "",
+                  max_eval_examples: int = 0, **fields) -> "TrainConfig":
+        """The config of settings given flat, every one set (the pipeline's parameters): -1, 0 or "" for
+        "unset" (the default)."""
+        return cls(warmup_steps=None if warmup_steps < 0 else warmup_steps, loss=loss or None,
+                   alpha_end=None if alpha_end < 0 else alpha_end, eval_data=eval_data or None,
+                   max_eval_examples=max_eval_examples or None, **fields)
+
     @property
     def online(self) -> bool:
         return self.store is None

@@ -21,11 +21,45 @@ def store_fingerprint(store_uri: str) -> str:
     return manifest_mod.parse_manifest(paths.read_bytes(uri), uri)["fingerprint"]
 
 
-def train_key(store_uri: str, settings: dict) -> str:
-    """16 hex digits of SHA-256 over the store's fingerprint and ``settings`` (canonical JSON)."""
-    text = manifest_mod.canonical_json({"store": store_fingerprint(store_uri), "settings": settings})
+def train_key(store_uri: str, settings: dict, *, fingerprint: str | None = None) -> str:
+    """16 hex digits of SHA-256 over the store's fingerprint (read from ``store_uri``, or given: a planned
+    store's) and ``settings`` (canonical JSON)."""
+    text = manifest_mod.canonical_json({"store": fingerprint or store_fingerprint(store_uri), "settings": settings})
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def train_output(output_root: str, store_uri: str, settings: dict) -> str:
     return paths.join(output_root, STUDENTS_DIR, train_key(store_uri, settings))
+
+
+def training_settings(*, student: str, num_steps: int, batch_size: int, grad_accum: int, learning_rate: float,
+                      warmup_steps: int, seed: int, loss: str, alpha: float, alpha_end: float,
+                      alpha_schedule: str, temperature: float, allow_tokenizer_mismatch: bool = False) -> dict:
+    """The settings a pipeline's train key covers, as its components give them (``-1`` / ``""``: defaults)."""
+    settings = {"student": student, "num_steps": num_steps, "batch_size": batch_size, "grad_accum": grad_accum,
+                "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed, "loss": loss,
+                "alpha": alpha, "alpha_end": alpha_end, "alpha_schedule": alpha_schedule,
+                "temperature": temperature}
+    if allow_tokenizer_mismatch:  # in the key only when set (as in the training's config): earlier folders resume
+        settings["allow_tokenizer_mismatch"] = True
+    return settings
+
+
+def training_state(output: str, eval_data: str = "") -> str:
+    """What a training folder holds: ``complete`` (the export written, and the evaluation on ``eval_data``
+    when one is asked for), ``exported, not evaluated on ...``, ``checkpoint at step N`` or ``empty``.
+    Reads names only (and eval.json)."""
+    import json
+
+    for export, marker in (("hf", "config.json"), ("student", "student.json")):  # written last by the export
+        if paths.exists(paths.join(output, export, marker)):
+            if not eval_data:
+                return "complete"
+            eval_uri = paths.join(output, "eval.json")
+            if paths.exists(eval_uri) and json.loads(paths.read_bytes(eval_uri)).get("data") == eval_data:
+                return "complete"
+            return f"exported, not evaluated on {eval_data}"
+    fs, folder = paths.url_to_fs(paths.join(output, "checkpoints"))  # Orbax commits a step as a folder N
+    names = [paths.basename(n) for n in fs.ls(folder, detail=False)] if fs.exists(folder) else []
+    steps = [int(n) for n in names if n.isdigit()]
+    return f"checkpoint at step {max(steps)}" if steps else "empty"

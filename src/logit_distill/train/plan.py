@@ -47,7 +47,10 @@ class TrainPlan:
         return paths.exists(paths.join(self.config.output, CONFIG_NAME))
 
 
-def plan_training(config: TrainConfig) -> TrainPlan:
+def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> TrainPlan:
+    """Plan ``config``'s run. ``source``: the data as another step already knows it (a dump's plan,
+    ``sources.planned_source``, for a pipeline's preflight before the store exists); by default it is
+    opened (``sources.open_source``)."""
     import jax
 
     config.check()
@@ -59,7 +62,7 @@ def plan_training(config: TrainConfig) -> TrainPlan:
         raise InputError(f"--batch-size {config.batch_size} is not divisible by the {devices} devices (the batch "
                          "is split evenly over them)")
     _check_schedules(config)
-    source = open_source(config)
+    source = source or open_source(config)
     loss = config.resolved_loss(source.selection, source.top_k, source.vocab_size)
     _check_loss(config, source, loss)
     if config.batch_size > len(source):
@@ -98,6 +101,15 @@ def plan_training(config: TrainConfig) -> TrainPlan:
     return TrainPlan(config=config, source=source, loss=loss, student=student, settings=settings,
                      resume_from=resume_from, tokenizer_path=tokenizer_path, eval_examples=eval_examples,
                      warnings=warnings)
+
+
+def plan_training_on(dump_plan, config: TrainConfig) -> TrainPlan:
+    """Plan ``config``'s training on the store ``dump_plan`` will write, before it exists (a pipeline's
+    preflight on the CPU: everything but the forward passes is checked before the dump's accelerators
+    start). ``config.store`` names the store's planned location."""
+    from .sources import planned_source
+
+    return plan_training(config, source=planned_source(config, dump_plan.manifest, dump_plan.tokenizer))
 
 
 def check_training_output(output: str) -> None:

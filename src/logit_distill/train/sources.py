@@ -37,6 +37,7 @@ class TrainSource:
     manifest: dict | None = None  # offline
     teacher_spec: str | None = None  # online
     teacher: Any = None  # online: the LoadedModel, once ``load_teacher`` ran
+    num_examples: int = 0  # examples of the data (a planned store's: every step's)
 
     def load_teacher(self):
         """Online: the teacher's weights (the plan reads only its config)."""
@@ -49,7 +50,7 @@ class TrainSource:
         return self.teacher
 
     def __len__(self) -> int:
-        return len(self.records)
+        return self.num_examples
 
     def proposal_temperature(self, config: TrainConfig) -> float:
         if self.manifest is not None and self.selection == "sampled":
@@ -72,7 +73,7 @@ class TrainSource:
         from ..store import manifest as manifest_mod
         from ..store.checks import RecordCheck
 
-        options: dict = {"check": RecordCheck(self.manifest, self.records.uri)}
+        options: dict = {"check": RecordCheck(self.manifest, self.records.uri)}  # (a store that exists)
         if self.tempered(loss, temperature):
             options["tempered_index"] = manifest_mod.tail_temperatures_of(self.manifest).index(float(temperature))
         if loss == "sampled_kl":
@@ -125,6 +126,23 @@ def _offline(config: TrainConfig) -> TrainSource:
         packing=bool(data.get("packing", True)), text_field=config.text_field or data.get("text_field") or "text",
         chat=ChatOptions.from_identity(data.get("chat")), tokenizer_file=store.tokenizer_file(), tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
         identity={"mode": "offline", "store_fingerprint": manifest["fingerprint"]}, manifest=manifest,
+        num_examples=len(store),
+    )
+
+
+def planned_source(config: TrainConfig, manifest: dict, tokenizer_file: str | None) -> TrainSource:
+    """The source a store of ``manifest`` will be once dumped (a dump's plan): what training on it can be
+    checked against before the store exists (``records`` is None; a pipeline's preflight)."""
+    from ..store import manifest as manifest_mod
+
+    shapes, data = manifest["shapes"], manifest.get("content", {}).get("data", {})
+    return TrainSource(
+        mode="offline", records=None, where=f"store {config.store}", selection=manifest_mod.selection_of(manifest),
+        top_k=int(shapes["top_k"]), vocab_size=int(shapes["vocab_size"]), seq_len=int(shapes["seq_len"]),
+        packing=bool(data.get("packing", True)), text_field=config.text_field or data.get("text_field") or "text",
+        tokenizer_file=tokenizer_file, tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
+        identity={"mode": "offline", "store_fingerprint": manifest["fingerprint"]}, manifest=manifest,
+        num_examples=manifest_mod.num_examples(manifest),
     )
 
 
@@ -157,5 +175,5 @@ def _online(config: TrainConfig) -> TrainSource:
         tokenizer_file=teacher_tokenizer, tokenizer_sha256=examples.identity.get("tokenizer_sha256"),
         identity={"mode": "online", "teacher": teacher_identity, "data": examples.identity, "top_k": top_k,
                   "num_examples": len(records)},
-        teacher_spec=config.teacher,
+        teacher_spec=config.teacher, num_examples=len(records),
     )

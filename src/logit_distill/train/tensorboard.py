@@ -1,10 +1,13 @@
 """Per-step training curves as TensorBoard event files (tensorboardX: no TensorFlow needed).
 
-Where: ``$AIP_TENSORBOARD_LOG_DIR`` when set (a Vertex AI custom job with a
-TensorBoard instance and a base output directory sets it; the Vertex
-TensorBoard shows those files), otherwise ``<output>/tensorboard/``. Event
-files are written locally and, for a gs:// destination, uploaded whole at each
-checkpoint and at the end (object stores have no appends).
+Where: ``$AIP_TENSORBOARD_LOG_DIR/<name of the training folder>/`` when the
+variable is set (a Vertex AI custom job with a TensorBoard instance and a base
+output directory sets it; the Vertex TensorBoard shows those files), so that
+every student, whose folder is named by its train key, is a run of its own
+there; otherwise ``<output>/tensorboard/``. Event files are written locally
+and, for a gs:// destination, uploaded whole (object stores have no appends)
+at most every ``UPLOAD_EVERY_S`` seconds while training, so Vertex's uploader
+streams the curves during the run, and at each checkpoint and at the end.
 
 On resume, the writer starts with a purge at the resumed step, so the steps
 redone after a preemption replace the ones the killed run logged.
@@ -14,16 +17,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 from .. import paths
 
 TB_DIR = "tensorboard"
 ENV = "AIP_TENSORBOARD_LOG_DIR"
 SCALARS = ("loss", "kd_loss", "ce_loss", "learning_rate", "tokens_per_s", "alpha", "grad_norm")
+UPLOAD_EVERY_S = 60.0  # a gs:// log dir: the longest a logged step waits before it is uploaded
 
 
 def log_dir_for(output: str) -> str:
-    return os.environ.get(ENV) or paths.join(output, TB_DIR)
+    shared = os.environ.get(ENV)
+    return paths.join(shared, paths.basename(output)) if shared else paths.join(output, TB_DIR)
 
 
 class TensorBoard:
@@ -37,15 +43,19 @@ class TensorBoard:
         os.makedirs(local, exist_ok=True)
         self._local = local
         self._writer = SummaryWriter(logdir=local, purge_step=purge_step or None, flush_secs=30)
+        self._uploaded_at = time.monotonic()
 
     def write(self, rec: dict) -> None:
         step = int(rec["step"])
         for key in SCALARS:
             if key in rec:
                 self._writer.add_scalar(f"train/{key}", float(rec[key]), step)
+        if self.remote and time.monotonic() - self._uploaded_at >= UPLOAD_EVERY_S:
+            self.flush()
 
     def flush(self) -> None:
         self._writer.flush()
+        self._uploaded_at = time.monotonic()
         if self.remote:
             for name in sorted(os.listdir(self._local)):
                 paths.commit_file(os.path.join(self._local, name), paths.join(self.uri, name))
