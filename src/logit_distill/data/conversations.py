@@ -28,6 +28,9 @@ TEXT = "text"
 MESSAGES = "messages"
 PROMPT_COMPLETION = "prompt_completion"
 FORMATS = ("auto", TEXT, MESSAGES, PROMPT_COMPLETION)
+# The options as the pipeline gives them (ChatOptions.from_flat's keywords).
+FLAT_FIELDS = ("data_format", "messages_field", "chat_template", "chat_template_kwargs", "supervise_roles",
+               "supervise_end_of_turn", "mask_empty_reasoning", "mask_method")
 MASK_METHODS = ("auto", "generation", "prefix")
 # Variables apply_chat_template sets itself: a template keyword argument may not replace them.
 RESERVED_TEMPLATE_NAMES = ("messages", "tools", "documents", "add_generation_prompt")
@@ -99,6 +102,27 @@ class ChatOptions:
         except (TypeError, ValueError) as e:
             raise InputError(f"template_kwargs must be JSON values (they enter the data identity): {e}") from None
         return self
+
+    @classmethod
+    def from_flat(cls, *, data_format: str = "auto", messages_field: str = "messages", chat_template: str = "",
+                  chat_template_kwargs: str = "", supervise_roles: str = "assistant",
+                  supervise_end_of_turn: bool = True, mask_empty_reasoning: bool = True,
+                  mask_method: str = "auto") -> "ChatOptions":
+        """The options given flat (the pipeline's parameters): ``chat_template`` "" for the tokenizer's,
+        ``chat_template_kwargs`` a JSON object ("" for none), ``supervise_roles`` comma-separated."""
+        kwargs = {}
+        if chat_template_kwargs.strip():
+            try:
+                kwargs = json.loads(chat_template_kwargs)
+            except ValueError as e:
+                raise InputError(f"chat_template_kwargs must be a JSON object such as {{\"enable_thinking\": false}}: "
+                                 f"{e}") from None
+            if not isinstance(kwargs, dict):
+                raise InputError(f"chat_template_kwargs must be a JSON object, got {chat_template_kwargs!r}")
+        roles = tuple(r.strip() for r in supervise_roles.split(",") if r.strip())
+        return cls(format=data_format, messages_field=messages_field, chat_template=chat_template or None,
+                   template_kwargs=kwargs, supervise_roles=roles, supervise_end_of_turn=supervise_end_of_turn,
+                   mask_empty_reasoning=mask_empty_reasoning, mask_method=mask_method)
 
     @classmethod
     def from_identity(cls, chat: dict | None) -> "ChatOptions":

@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from ..data import ChatOptions
+from ..data.conversations import FLAT_FIELDS as CHAT_FLAT
 from ..errors import InputError
 from ..store import manifest as manifest_mod
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
@@ -103,9 +104,11 @@ class DumpConfig:
                   vocab_chunk: int = 0, **fields) -> "DumpConfig":
         """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
         ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
-        sampled selection only, ``data_seed`` for ``seed``."""
+        sampled selection only, ``data_seed`` for ``seed``, the conversation options as
+        ``ChatOptions.from_flat`` takes them."""
         sampled = fields.get("selection", "topk") == "sampled"
-        return cls(seed=data_seed, samples=samples if sampled else None,
+        chat = ChatOptions.from_flat(**{k: fields.pop(k) for k in CHAT_FLAT if k in fields})
+        return cls(seed=data_seed, chat=chat, samples=samples if sampled else None,
                    proposal_temperature=proposal_temperature if sampled else 1.0,
                    tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
                    tokenizer=tokenizer or None, model_parallel=model_parallel or None,

@@ -124,7 +124,8 @@ def _offline(config: TrainConfig) -> TrainSource:
         mode="offline", records=store, where=f"store {config.store}", selection=manifest_mod.selection_of(manifest),
         top_k=int(shapes["top_k"]), vocab_size=int(shapes["vocab_size"]), seq_len=int(shapes["seq_len"]),
         packing=bool(data.get("packing", True)), text_field=config.text_field or data.get("text_field") or "text",
-        chat=ChatOptions.from_identity(data.get("chat")), tokenizer_file=store.tokenizer_file(), tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
+        chat=ChatOptions.from_identity(data.get("chat")), tokenizer_file=store.tokenizer_file(),
+        tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
         identity={"mode": "offline", "store_fingerprint": manifest["fingerprint"]}, manifest=manifest,
         num_examples=len(store),
     )
@@ -133,6 +134,7 @@ def _offline(config: TrainConfig) -> TrainSource:
 def planned_source(config: TrainConfig, manifest: dict, tokenizer_file: str | None) -> TrainSource:
     """The source a store of ``manifest`` will be once dumped (a dump's plan): what training on it can be
     checked against before the store exists (``records`` is None; a pipeline's preflight)."""
+    from ..data import ChatOptions
     from ..store import manifest as manifest_mod
 
     shapes, data = manifest["shapes"], manifest.get("content", {}).get("data", {})
@@ -140,7 +142,7 @@ def planned_source(config: TrainConfig, manifest: dict, tokenizer_file: str | No
         mode="offline", records=None, where=f"store {config.store}", selection=manifest_mod.selection_of(manifest),
         top_k=int(shapes["top_k"]), vocab_size=int(shapes["vocab_size"]), seq_len=int(shapes["seq_len"]),
         packing=bool(data.get("packing", True)), text_field=config.text_field or data.get("text_field") or "text",
-        tokenizer_file=tokenizer_file, tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
+        chat=ChatOptions.from_identity(data.get("chat")), tokenizer_file=tokenizer_file, tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
         identity={"mode": "offline", "store_fingerprint": manifest["fingerprint"]}, manifest=manifest,
         num_examples=manifest_mod.num_examples(manifest),
     )
