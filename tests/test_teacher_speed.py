@@ -254,8 +254,8 @@ def test_vocabulary_chunked_selection_matches_full(name):
 def test_vocabulary_chunked_sampling_matches_full(name, t):
     """The chunked sampled selection draws the same ids with the same counts as the unchunked one for the
     same keys, chunks dividing the vocabulary of 512 or not; one chunk: bit for bit. Over the same logits
-    (a head that slices them) log-probs agree within 1e-6; through the model's head within 2e-6, as the
-    top-k (its matmul over a vocabulary slice rounds differently from the whole, up to 2e-6 here)."""
+    (a head that slices them) log-probs agree within 1e-6; through the model's head within 5e-6 (a few float32
+    ulps near -8: its matmul over a vocabulary slice rounds differently from the whole, by 2.2e-6 on some CPUs)."""
     m = _model(name)
     batch = _packed_batch(m.vocab_size)
     example_index = np.array([3, 11], np.int32)
@@ -274,7 +274,7 @@ def test_vocabulary_chunked_sampling_matches_full(name, t):
         sliced = jax.jit(lambda x: select_sampled_chunked(
             lambda x, s, n: jax.lax.dynamic_slice_in_dim(x, s, n, axis=-1), x, m.vocab_size, N, keys, chunk, t))(
             logits)
-        for out, lp_ref, bound in ((got, ref, 2e-6), (sliced, same_logits, 1e-6)):
+        for out, lp_ref, bound in ((got, ref, 5e-6), (sliced, same_logits, 1e-6)):
             out = {key: np.asarray(v) for key, v in out.items()}
             np.testing.assert_array_equal(out["sample_ids"], lp_ref["sample_ids"], err_msg=str(chunk))
             np.testing.assert_array_equal(out["sample_counts"], lp_ref["sample_counts"], err_msg=str(chunk))

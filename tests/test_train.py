@@ -203,7 +203,10 @@ def test_offline_exact_store_and_online_teacher_give_the_same_weights(setup, tmp
     n = len(store_mod.open_store(setup["store"]))
     on = train_student(TrainConfig(teacher=setup["teacher"], data=setup["train_data"], top_k=TOP_K, seq_len=SEQ_LEN,
                        num_examples=n, output=str(tmp_path / "on"), **common))
-    assert max_weight_diff(off.hf_dir, on.hf_dir) <= 1e-4
+    # Adam divides by the gradient's running RMS, so float32 rounding in a near-zero gradient (the teacher
+    # runs in another program online) can move a weight by a fraction of the learning rate (1e-2); the
+    # loss is the tight check
+    assert max_weight_diff(off.hf_dir, on.hf_dir) <= 1e-3
     assert on.metrics["kd_loss"] == pytest.approx(off.metrics["kd_loss"], abs=1e-4)
 
 

@@ -273,7 +273,7 @@ def test_train_text_field_reads_the_eval_data(dumped, tmp_path, capsys):
     out = tmp_path / "o"
     code, _, err = run_cli(capsys, "train", "--store", dumped["store"], "--student", dumped["student"], "--output", out,
                            "--eval-data", dumped["body"], *TRAIN)
-    assert_one_line_error(code, err, command="train", contains=("no field 'text'",))
+    assert_one_line_error(code, err, command="train", contains=("nor 'text' (fields: ['body'])", "--text-field"))
     code, _, err = run_cli(capsys, "train", "--store", dumped["store"], "--student", dumped["student"], "--output", out,
                            "--eval-data", dumped["body"], "--text-field", "body", *TRAIN)
     assert code == 0, err

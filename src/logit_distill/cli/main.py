@@ -63,7 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         code = report_failure(command, e, debug)
     if argv is None:  # the program itself, not a caller in Python
         keep_exit_code_on_interrupt()
+        if code == 130:
+            leave_now(code)
     return code
+
+
+def leave_now(code: int) -> None:
+    """End an interrupted program at once: what it committed is on disk and its line is printed, while
+    the interpreter's teardown, with JAX's and the loaders' threads stopped mid-work, can crash
+    (SIGSEGV) and lose the exit code."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class interrupts_as_sigint:

@@ -185,7 +185,8 @@ def format_of_fields(fields, options: ChatOptions, text_field: str) -> str | Non
 def no_format_error(place: str, fields, options: ChatOptions, text_field: str) -> InputError:
     return InputError(
         f"{place}: neither {options.messages_field!r}, {options.prompt_field!r} + {options.completion_field!r} nor "
-        f"{text_field!r} (fields: {sorted(fields)[:10]}); set the field names"
+        f"{text_field!r} (fields: {sorted(fields)[:10]}); name the field that holds the text or the "
+        "conversation (--text-field, --messages-field, --prompt-field with --completion-field)"
     )
 
 
