@@ -1,4 +1,4 @@
-"""Chat preparation figure: chat_prepare_over_plain_tokenize.
+"""Chat figures: chat_prepare_over_plain_tokenize and chat_store_bytes_ratio.
 
 Checking, rendering, masking and tokenizing conversations (``ChatPreparer.prepare``, what the token
 cache runs on chat data) over plain ``encode_batch`` of the already rendered texts (what text data
@@ -6,6 +6,11 @@ costs), side by side in one process. The tokenizer is a byte-level BPE of 8192 t
 on the bench's own text (real merges, so tokenizing costs what a real vocabulary costs); the
 templates are the ChatML ones of tests/chat_templates: in the manner of Qwen3 without markers
 (prefix method) and with {% generation %} markers.
+
+chat_store_bytes_ratio: the bytes of a store of conversations (the teacher's values at the
+assistant's tokens only) over those of a full store of the same tokens (the rendered conversations as
+text: values at every next token), both dumped by the same teacher with the default codec and top-k
+64; the assistant's tokens are a fraction f of the tokens, measured on the data (goal: ratio <= f + 0.02).
 
     python -m bench.chat_bench [--conversations N] [--repeats R]
 """
@@ -127,6 +132,64 @@ def prepare(size: dict) -> dict:
     }
 
 
+def store_bytes(size: dict) -> dict:
+    from logit_distill import paths
+    from logit_distill.data import ChatOptions, ExampleSource
+    from logit_distill.data.chat_template import load_chat_template
+    from logit_distill.dump import DumpConfig, run_dump
+    from logit_distill.store import open_store
+
+    root = common.fresh_dir("chat_store")
+    convs = conversations(size["chat_store_conversations"], seed=1)
+    corpus = [m["content"] + " " + m.get("reasoning_content", "") for c in convs for m in c]
+    with open(os.path.join(TEMPLATES, "chatml_think_tools.jinja")) as f:
+        template_text = f.read()
+    teacher = os.path.join(root, "teacher")
+    common.save_checkpoint(common.qwen3_config(vocab_size=8192, hidden=64, intermediate=128, layers=2, heads=2,
+                                               kv_heads=1, head_dim=32), 0, teacher)
+    _tokenizer_dir(corpus, template_text, teacher)  # the teacher reads conversations with this template
+    chat_data = os.path.join(root, "chat.jsonl")
+    with open(chat_data, "w") as f:
+        for c in convs:
+            f.write(json.dumps({"messages": c}) + "\n")
+    L, B = size["chat_store_seq_len"], 4
+    rendered = ExampleSource.open(chat_data, teacher, seq_len=L, chat=ChatOptions())
+    text_data = os.path.join(root, "text.jsonl")  # the same tokens as text: every next token is a target
+    template = load_chat_template(teacher, template_file=None, template_kwargs={}, now=ChatOptions().now)
+    with open(text_data, "w") as f:
+        for c in convs:
+            f.write(json.dumps({"text": template.render(c)}) + "\n")
+    steps = len(rendered) // B
+    figures = {}
+    for name, data in (("chat", chat_data), ("full", text_data)):
+        out = os.path.join(root, name)
+        run_dump(DumpConfig(teacher=teacher, data=data, output=out, top_k=64, seq_len=L, batch_size=B,
+                            num_steps=steps, steps_per_file=steps, progress=False))
+        s = open_store(out)
+        records = [s.read_raw(g) for g in range(len(s))]
+        masks = [s.read(g)["loss_mask"] for g in range(len(s))]
+        segs = [s.read(g)["segment_ids"] for g in range(len(s))]
+        figures[name] = {"record_bytes": sum(len(r) for r in records),
+                         "chunk_file_bytes": sum(f["size"] for f in paths.list_files(out) if f["name"].startswith("chunk-")),
+                         "positions_with_values": int(sum(m.sum() for m in masks)),
+                         "tokens": int(sum(np.count_nonzero(x) for x in segs))}
+    f_assistant = figures["chat"]["positions_with_values"] / figures["full"]["tokens"]
+    ratio = figures["chat"]["record_bytes"] / figures["full"]["record_bytes"]
+    common.log(f"chat_store_bytes_ratio: {ratio:.4f} (f = {f_assistant:.4f})")
+    return {
+        "chat_store_bytes_ratio": {
+            "value": {"ratio": ratio, "assistant_fraction": f_assistant},
+            "details": {
+                "what": "record bytes of the assistant-only store over the full store of the same tokens",
+                "assistant_fraction_f": f_assistant, "goal": f"<= f + 0.02 = {f_assistant + 0.02:.4f}",
+                "over_f": ratio - f_assistant, "conversations": len(convs), "seq_len": L, "top_k": 64,
+                "vocab_size": 8192, "codec": "default", "stores": figures,
+                "file_bytes_ratio": figures["chat"]["chunk_file_bytes"] / figures["full"]["chunk_file_bytes"],
+            },
+        }
+    }
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=2000)
@@ -134,4 +197,5 @@ if __name__ == "__main__":
     args = parser.parse_args()
     common.setup_environment()
     result = prepare({"chat_conversations": args.conversations, "chat_repeats": args.repeats})
+    result.update(store_bytes({"chat_store_conversations": 64, "chat_store_seq_len": 1024}))
     print(json.dumps(result, indent=1, default=float))

@@ -295,7 +295,7 @@ class _Trainer:
                 z = apply(p, tokens, positions, segment_ids)
                 values = teacher_metrics.per_position(z, {"teacher_logits": t}, k=TAIL_SHAPE_K)
                 values["cross_entropy"] = cross_entropy_per_token(z, next_token_targets(tokens))
-                return teacher_metrics.sums(values, segment_ids)
+                return teacher_metrics.sums(values, next_token_mask(segment_ids))
 
             return jax.vmap(one)(params)
 

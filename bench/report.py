@@ -24,6 +24,8 @@ GOALS = {  # key -> (comparison, goal); None: reported without a goal
     "load_over_read_ratio": ("<=", 1.3),
     "moe_teacher_flop_utilization": (">=", 0.35),
     "moe_over_dense_step_ratio": ("<=", 1.5),
+    "chat_prepare_over_plain_tokenize": ("<=", 1.5),
+    "chat_store_bytes_ratio": ("<=f+", 0.02),
 }
 
 
@@ -46,6 +48,8 @@ def met(key: str, value) -> str:
     op, target = goal
     if op == "kd<ce":
         ok = value["kd_student"] < value["ce_student"]
+    elif op == "<=f+":
+        ok = value["ratio"] <= value["assistant_fraction"] + target
     elif op == "<=":
         ok = value <= target
     else:
@@ -60,6 +64,8 @@ def goal_text(key: str) -> str:
     op, target = goal
     if op == "kd<ce":
         return "KD < CE"
+    if op == "<=f+":
+        return f"≤ f + {_f(target)}"
     return f"{'≤' if op == '<=' else '≥'} {_f(target)}"
 
 
@@ -67,6 +73,8 @@ def value_text(key: str, value) -> str:
     if key == "kd_vs_ce_heldout":
         return (f"KD {value['kd_student']:.3f}, CE {value['ce_student']:.3f}, "
                 f"teacher {value['teacher']:.3f}")
+    if key == "chat_store_bytes_ratio":
+        return f"{value['ratio']:.4f} (f = {value['assistant_fraction']:.4f})"
     return _f(value)
 
 
@@ -163,6 +171,20 @@ def explain(key: str, d: dict, results: dict) -> str:
         return (f"`load_model` of a {d['checkpoint_bytes'] / 1e6:.0f} MB checkpoint onto the dump's mesh (headers, "
                 f"byte-range reads, placement) {_s(d['load'])} vs reading the same files' bytes raw "
                 f"{_s(d['read'])} ({d['storage']}).")
+    if key == "chat_prepare_over_plain_tokenize":
+        p, g = d["prefix_method"], d["generation_method"]
+        return (f"checking, rendering, masking and tokenizing {d['conversations']} conversations "
+                f"({p['assistant_turns_per_conversation']:.2f} assistant turns each; {d['tokenizer']}) with a "
+                f"Qwen3-style template by rendering prefixes {_s(p['chat'])}, over `encode_batch` of the rendered "
+                f"texts {_s(p['plain'])}; with {{% generation %}} markers {g['ratio']:.3f}, single-turn "
+                f"{d['prefix_method_single_turn']['ratio']:.3f}.")
+    if key == "chat_store_bytes_ratio":
+        c, f = d["stores"]["chat"], d["stores"]["full"]
+        return (f"records of a store of {d['conversations']} conversations (values at the assistant's tokens, "
+                f"f = {d['assistant_fraction_f']:.4f} of the tokens) {c['record_bytes']} bytes over those of the "
+                f"full store of the same tokens {f['record_bytes']} bytes (default codec, top-k {d['top_k']}, "
+                f"V = {d['vocab_size']}, L = {d['seq_len']}; chunk files {d['file_bytes_ratio']:.4f}); the tokens "
+                "and the mask bits are the excess over f.")
     return ""
 
 

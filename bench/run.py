@@ -38,6 +38,7 @@ SIZES = {
            "fid_rows": ["ce_only", "full_kd_online", "topk_tail_kl_k64", "sampled_kl_n32", "hybrid_kl_k4_n16"]},
         "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 5, "teacher_matmul_n": 2048,
         "load_repeats": 5, "moe_shape": (2, 1024),
+        "chat_conversations": 2000, "chat_repeats": 7, "chat_store_conversations": 64, "chat_store_seq_len": 1024,
     },
     "full": {
         "selection_seq_len": 512, "selection_repeats": 15,
@@ -53,6 +54,7 @@ SIZES = {
            "fid_tolerance": 5e-3, "fid_decay": 0.25, "fid_decays": 2, "fid_max_steps": 8000, "fid_rows": None},
         "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 9, "teacher_matmul_n": 2048,
         "load_repeats": 9, "moe_shape": (2, 1024),
+        "chat_conversations": 4000, "chat_repeats": 9, "chat_store_conversations": 128, "chat_store_seq_len": 1024,
     },
     # ``--device``: the teacher group on an accelerator (bench/device_teacher.sh): a 1.7B bfloat16
     # teacher, 8 x 4096 tokens a step, against an 8192^3 bfloat16 matmul
@@ -82,8 +84,10 @@ KEYS = {
     "load_over_read_ratio": "teacher",
     "moe_teacher_flop_utilization": "teacher",
     "moe_over_dense_step_ratio": "teacher",
+    "chat_prepare_over_plain_tokenize": "chat",
+    "chat_store_bytes_ratio": "chat",
 }
-ORDER = ["selection", "dump", "resume", "verify", "train", "kd", "fidelity", "teacher"]
+ORDER = ["selection", "dump", "resume", "verify", "train", "kd", "fidelity", "teacher", "chat"]
 
 
 def _run_group(group: str, size: dict, want: set) -> dict:
@@ -119,6 +123,10 @@ def _run_group(group: str, size: dict, want: set) -> dict:
         from .teacher_bench import teacher
 
         return teacher(size, want)
+    if group == "chat":
+        from .chat_bench import prepare, store_bytes
+
+        return {**prepare(size), **store_bytes(size)}
     raise ValueError(group)
 
 

@@ -48,6 +48,14 @@ def plan_dump(
     dtype: str = "float32",
     text_field: str = "text",
     tokenizer: str = "",
+    data_format: str = "auto",
+    messages_field: str = "messages",
+    chat_template: str = "",
+    chat_template_kwargs: str = "",
+    supervise_roles: str = "assistant",
+    supervise_end_of_turn: bool = True,
+    mask_empty_reasoning: bool = True,
+    mask_method: str = "auto",
     num_processes: int = 1,
     tpu_topology: str = "",
     machine_type: str = "",
@@ -72,6 +80,10 @@ def plan_dump(
             num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
             selection=selection, samples=samples, proposal_temperature=proposal_temperature,
             tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
+            data_format=data_format, messages_field=messages_field, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs, supervise_roles=supervise_roles,
+            supervise_end_of_turn=supervise_end_of_turn, mask_empty_reasoning=mask_empty_reasoning,
+            mask_method=mask_method,
             progress=False)
         processes = planned_processes(num_processes, tpu_topology, machine_type)
         plan = plan_dump(config, num_processes=processes)

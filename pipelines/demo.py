@@ -1,6 +1,6 @@
 """``make demo``: the whole distillation pipeline under ``kfp.local``, on a laptop's CPU, in minutes.
 
-    python -m pipelines.demo [--out demo-output] [--train-num-steps 300] [--fresh]
+    python -m pipelines.demo [--out demo-output] [--train-num-steps 300] [--fresh] [--demo-data chat]
 
 1. Builds the demo's models and data in ``<out>/inputs`` (cached between runs):
    a small teacher whose next-token distributions are peaked but learnable
@@ -8,7 +8,11 @@
    *sampled from the teacher*
    (train + held-out), so the teacher is the best possible model of the data
    and a student that learns its distributions (KD) has something to gain over
-   one that only sees the sampled tokens (CE).
+   one that only sees the sampled tokens (CE). With ``--demo-data chat`` each
+   document is a turn of a conversation: a prompt (its first quarter to half)
+   and the reply that follows, only the reply supervised (pre-tokenized records
+   with a loss mask, docs/DATA.md): the store holds the teacher at the replies
+   only, and the students are trained and evaluated on the replies' tokens.
 2. Runs ``pipelines.pipeline.distill_pipeline`` (plan -> dump -> verify ->
    train KD student + CE-only baseline) with ``kfp.local.SubprocessRunner``
    through ``pipelines.run_local``: one line per task, the full log in a file
@@ -66,7 +70,7 @@ def prepare_inputs(inputs_dir: str) -> dict:
     if os.path.exists(stamp_path):
         with open(stamp_path) as f:
             stamp = json.load(f)
-        if stamp.get("settings") == DEMO:
+        if stamp.get("settings") == DEMO and "chat_data" in stamp["paths"]:
             _log(f"reusing the demo's models and data in {inputs_dir}")
             return stamp["paths"]
 
@@ -78,7 +82,9 @@ def prepare_inputs(inputs_dir: str) -> dict:
     os.makedirs(inputs_dir, exist_ok=True)
     paths = {"teacher": os.path.join(inputs_dir, "teacher"), "student": os.path.join(inputs_dir, "student"),
              "data": os.path.join(inputs_dir, "train.array_record"),
-             "eval_data": os.path.join(inputs_dir, "eval.array_record")}
+             "eval_data": os.path.join(inputs_dir, "eval.array_record"),
+             "chat_data": os.path.join(inputs_dir, "chat-train.array_record"),
+             "chat_eval_data": os.path.join(inputs_dir, "chat-eval.array_record")}
     materialize_preset(DEMO["teacher_preset"], paths["teacher"])
     materialize_preset(DEMO["student_preset"], paths["student"])
     teacher = load_model(paths["teacher"])
@@ -87,10 +93,21 @@ def prepare_inputs(inputs_dir: str) -> dict:
     docs = sample_from_teacher(teacher, n_train + n_eval, DEMO["doc_len"], DEMO["sample_seed"])
     write_pretokenized(paths["data"], docs[:n_train])
     write_pretokenized(paths["eval_data"], docs[n_train:])
+    replies = reply_flags([len(d) for d in docs], DEMO["sample_seed"])
+    write_pretokenized(paths["chat_data"], docs[:n_train], supervised=replies[:n_train])
+    write_pretokenized(paths["chat_eval_data"], docs[n_train:], supervised=replies[n_train:])
     with open(stamp_path, "w") as f:
         json.dump({**want, "paths": paths}, f, indent=2)
     _log(f"models and data ready in {time.perf_counter() - t0:.0f} s")
     return paths
+
+
+def reply_flags(lengths: list[int], seed: int) -> list:
+    """Per document, 1 at the tokens of its reply: all but a prompt of a quarter to a half of it."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [(np.arange(n) >= rng.integers(n // 4, n // 2 + 1)).astype(np.uint8) for n in lengths]
 
 
 def teacher_heldout(teacher: str, eval_data: str, seq_len: int) -> dict:
@@ -182,6 +199,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(REPO, "demo-output"), help="demo folder (default demo-output/)")
     ap.add_argument("--train-num-steps", type=int, default=PIPELINE_ARGS["train_num_steps"],
                     help="the students' optimizer steps (the pipeline's train_num_steps)")
+    ap.add_argument("--demo-data", choices=("text", "chat"), default="text",
+                    help="the data: documents sampled from the teacher (text), or the same as prompt + reply turns "
+                         "with the replies supervised (chat)")
     ap.add_argument("--fresh", action="store_true", help="drop the stores and students of earlier demo runs first")
     ap.add_argument("-v", "--verbose", action="store_true", help="show every task's full log")
     args = ap.parse_args(argv)
@@ -194,6 +214,8 @@ def main(argv=None) -> int:
         shutil.rmtree(os.path.join(out, "stores"), ignore_errors=True)
     t0 = time.perf_counter()
     paths = prepare_inputs(os.path.join(out, "inputs"))
+    if args.demo_data == "chat":
+        paths = {**paths, "data": paths["chat_data"], "eval_data": paths["chat_eval_data"]}
     _log("running the pipeline under kfp.local (plan -> dump -> verify -> train KD + CE-only) ...")
     result = run_pipeline(paths, out, verbose=args.verbose, train_num_steps=args.train_num_steps)
     if result.log:

@@ -174,6 +174,25 @@ PARAMS: tuple[Param, ...] = (
     Param("dump_dtype", str, "float32", "The teacher's compute dtype in the dump.",
           {PLAN: "dtype", DUMP: "dtype"}, vertex_default="bfloat16", choices=("float32", "bfloat16"), group="dump"),
     Param("text_field", str, "text", "JSONL field holding the text.", _to(PLAN, DUMP), group="dump"),
+    Param("data_format", str, "auto", "What the data's records hold: auto (messages if they have the messages "
+          "field, prompt_completion if they have prompt and completion, else text), text, messages or "
+          "prompt_completion (docs/DATA.md, Conversations).", _to(PLAN, DUMP),
+          choices=("auto", "text", "messages", "prompt_completion"), group="dump"),
+    Param("messages_field", str, "messages", "Field of a conversation's messages.", _to(PLAN, DUMP), group="dump"),
+    Param("chat_template", str, "", "A Jinja chat template file (local or gs://) for conversations (empty: the "
+          "tokenizer's chat_template.jinja, else tokenizer_config.json's chat_template).", _to(PLAN, DUMP),
+          group="dump"),
+    Param("chat_template_kwargs", str, "", "The template's keyword arguments as a JSON object, e.g. "
+          "{\"enable_thinking\": false} (empty: none).", _to(PLAN, DUMP), group="dump"),
+    Param("supervise_roles", str, "assistant", "Comma-separated roles whose turns are stored and trained (others "
+          "than assistant use the prefix mask method).", _to(PLAN, DUMP), group="dump"),
+    Param("supervise_end_of_turn", bool, True, "Train the end-of-turn token of a supervised turn (the student "
+          "learns to stop).", _to(PLAN, DUMP), group="dump"),
+    Param("mask_empty_reasoning", bool, True, "Leave out the tokens of the empty reasoning blocks that templates "
+          "insert themselves.", _to(PLAN, DUMP), group="dump"),
+    Param("mask_method", str, "auto", "How the supervised tokens are found: generation (the template's "
+          "{% generation %} markers), prefix (rendering prefixes) or auto (markers when the template has them).",
+          _to(PLAN, DUMP), choices=("auto", "generation", "prefix"), group="dump"),
     Param("tokenizer", str, "", "tokenizer.json to use instead of the teacher's (empty: the teacher's).",
           _to(PLAN, DUMP, VERIFY), group="dump"),
     Param("dump_sharding", str, "replicate", "The teacher's parameters over the dump's devices: replicate, fsdp "

@@ -632,17 +632,46 @@ def test_bad_parquet(tok_dirs, tmp_path):
     _bad(tmp_path, d, path=str(notpq), message="x.parquet: not a readable Parquet file", planned=True)
 
 
-def test_bad_conversation_is_one_line_from_the_dump_command(tok_dirs, tmp_path, capsys):
+def _bad_inputs(tok_dirs, tmp_path) -> dict:
+    """Deliver 6's bad inputs: case -> (tokenizer, data, extra flags, what the line names)."""
+    chatml, gemma = tok_dirs["chatml_think_tools"], tok_dirs["gemma_fold_system"]
+    ok = {"messages": CONVERSATIONS["simple"]}
+    jsonl = lambda name, records: _write_jsonl(tmp_path / f"{name}.jsonl", records)  # noqa: E731
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _write_jsonl(mixed / "a.jsonl", [ok])
+    _write_jsonl(mixed / "b.jsonl", [{"text": "plain"}])
+    raising = tmp_path / "raising.jinja"
+    raising.write_text("{{ raise_exception('this template takes no ' + messages[0].role + ' turn') }}")
+    return {
+        "no role": (chatml, jsonl("no-role", [ok, {"messages": [{"content": "hi"}]}]), [],
+                    "no-role.jsonl:2: messages[0] has no 'role'"),
+        "no content": (chatml, jsonl("no-content", [ok, {"messages": [{"role": "user"}]}]), [],
+                       "messages[0] (user) has no 'content'"),
+        "unknown role": (chatml, jsonl("robot", [ok, {"messages": [{"role": "robot", "content": "x"}]}]), [],
+                         "messages[0] has role 'robot', not one of"),
+        "template raises": (gemma, jsonl("order", [ok, {"messages": [{"role": "user", "content": "a"},
+                                                                     {"role": "user", "content": "b"}]}]), [],
+                            "order.jsonl:2: the chat template raised: Conversation roles must alternate"),
+        "raise_exception": (chatml, jsonl("raising", [ok]), ["--chat-template", str(raising)],
+                            "the chat template raised: this template takes no system turn"),
+        "no template": (write_chat_tokenizer(tmp_path / "none", where="none"), jsonl("no-template", [ok]), [],
+                        "holds conversations but there is no chat template next to"),
+        "parquet without the column": (chatml, _write_parquet(tmp_path / "p.parquet", [{"msgs": ok["messages"]}]),
+                                       [], "p.parquet: neither 'messages', 'prompt' + 'completion' nor 'text'"),
+        "mixed formats": (chatml, str(mixed), [], "b.jsonl:1: a text record in a data set of messages records"),
+    }
+
+
+def test_bad_chat_input_is_one_line_exit_2_and_nothing_written(tok_dirs, tmp_path, capsys):
     from logit_distill.cli import main
 
-    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"messages": CONVERSATIONS["simple"]},
-                                               {"messages": [{"role": "user", "content": "a"},
-                                                             {"role": "user", "content": "b"}]}])
-    out = tmp_path / "store"
-    code = main(["dump", "--teacher", "preset:tiny-qwen3", "--tokenizer", tok_dirs["gemma_fold_system"], "--data", bad,
-                 "--output", str(out), "--num-steps", "1", "--seq-len", "16", "--batch-size", "1"])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and "Traceback" not in err, err
-    assert lines[-1].startswith("logit-distill dump: error: ") and "bad.jsonl:2: the chat template raised" in lines[-1]
-    assert not out.exists()
+    for case, (tok, data, flags, message) in _bad_inputs(tok_dirs, tmp_path).items():
+        out = tmp_path / "store"
+        code = main(["dump", "--teacher", "preset:tiny-qwen3", "--tokenizer", tok, "--data", data,
+                     "--output", str(out), "--num-steps", "1", "--seq-len", "16", "--batch-size", "1", *flags])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and "Traceback" not in err, (case, err)
+        assert lines[-1].startswith("logit-distill dump: error: ") and message in lines[-1], (case, lines[-1])
+        assert not out.exists(), case

@@ -265,3 +265,108 @@ def test_codecs_refuse_nan_and_plus_inf(codec_name, bad):
             rec[field][4] = bad
         with pytest.raises(NonFiniteError, match=f"example 11: {field} is .* at position 4"):
             codec.encode_record(codec_name, **rec)
+
+
+# ------------------------------------------------------------------ masked records (supervised positions only)
+
+
+def _mask(rng, seg, fraction=0.4):
+    """A loss mask inside the next-token positions of ``seg``: runs of supervised positions."""
+    inside = codec.next_token_mask(seg)
+    runs = np.repeat(rng.random(len(seg) // 3 + 1) < fraction, 3)[: len(seg)]
+    return inside & runs
+
+
+@pytest.mark.parametrize("codec_name", ["exact", "default"])
+@pytest.mark.parametrize("tempered", [0, 2])
+def test_masked_topk_record_holds_the_supervised_positions_only(codec_name, tempered):
+    rng = np.random.default_rng(40 + tempered)
+    rec = _record(rng, L=64, k=8, V=32000)
+    rec["segment_ids"] = np.repeat([1, 2, 0], [30, 26, 8]).astype(np.int32)
+    rec["positions"] = np.concatenate([np.arange(30), np.arange(26), np.zeros(8)]).astype(np.int32)
+    if tempered:
+        rec["tail_logprob_tempered"] = rng.uniform(-20, -0.1, (64, tempered)).astype(np.float32)
+    mask = _mask(rng, rec["segment_ids"])
+    S = int(mask.sum())
+    assert 0 < S < 56
+    raw = codec.encode_record(codec_name, **rec, loss_mask=mask)
+    assert codec.decode_header(raw)["masked"]
+    full = codec.encode_record(codec_name, **rec)
+    assert len(raw) == codec._record_size(codec_name, 32 if codec_name == "exact" else 15, 64, 8, 3, tempered,
+                                          supervised=S)
+    assert len(raw) < len(full)
+    out = codec.decode_record(raw)
+    ref = codec.decode_record(full)
+    np.testing.assert_array_equal(out["loss_mask"], mask)
+    np.testing.assert_array_equal(ref["loss_mask"], codec.next_token_mask(rec["segment_ids"]))
+    fields = ["topk_ids", "topk_logprobs", "tail_logprob"] + (["tail_logprob_tempered"] if tempered else [])
+    for key in ("tokens", "segment_ids", "positions"):
+        np.testing.assert_array_equal(out[key], rec[key])
+    for key in fields:  # the full record's values at the mask, zeros elsewhere
+        np.testing.assert_array_equal(out[key][mask], ref[key][mask])
+        assert not out[key][~mask].any()
+        assert out[key].shape == ref[key].shape and out[key].dtype == ref[key].dtype
+    # Nothing outside the mask reaches the bytes: other values there (NaN included) give the same record.
+    garbage = dict(rec)
+    for key in fields:
+        other = np.nan if rec[key].dtype.kind == "f" else 7
+        garbage[key] = np.where(mask.reshape(-1, *[1] * (rec[key].ndim - 1)), rec[key], other).astype(rec[key].dtype)
+    assert codec.encode_record(codec_name, **garbage, loss_mask=mask) == raw
+    # A NaN at a supervised position is refused, naming that position.
+    from logit_distill.errors import NonFiniteError
+
+    bad = dict(rec, tail_logprob=rec["tail_logprob"].copy())
+    j = int(np.flatnonzero(mask)[3])
+    bad["tail_logprob"][j] = np.nan
+    with pytest.raises(NonFiniteError, match=f"tail_logprob is nan at position {j}"):
+        codec.encode_record(codec_name, **bad, loss_mask=mask)
+
+
+@pytest.mark.parametrize("codec_name", ["exact", "default"])
+def test_masked_sampled_record_round_trip(codec_name):
+    rng = np.random.default_rng(9)
+    L, V, N = 48, 300, 16
+    ids, counts, lp = _random_sampled(rng, L, V, N)
+    seg = np.repeat([1, 0], [40, 8]).astype(np.int32)
+    mask = _mask(rng, seg)
+    # Positions outside the mask need no draws at all.
+    ids[~mask], counts[~mask], lp[~mask] = 0, 0, 0
+    raw = codec.encode_record(codec_name, example_index=3, tokens=rng.integers(0, V, L), segment_ids=seg,
+                              positions=np.where(seg > 0, np.arange(L), 0), vocab_size=V, sample_ids=ids,
+                              sample_counts=counts, sample_logprobs=lp, num_samples=N, loss_mask=mask)
+    out = codec.decode_record(raw)
+    np.testing.assert_array_equal(out["loss_mask"], mask)
+    S = int((counts > 0).sum(-1).max())
+    np.testing.assert_array_equal(out["sample_ids"], ids[:, :S])
+    np.testing.assert_array_equal(out["sample_counts"], counts[:, :S])
+    tol = 0 if codec_name == "exact" else codec.SAMPLED_LOGPROB_MAX_ERROR + 1e-6
+    assert np.abs(out["sample_logprobs"] - np.maximum(lp[:, :S], codec.SAMPLED_LOGPROB_FLOOR)).max() <= tol
+    # An example without a supervised position stores tokens and mask only.
+    none = np.zeros(L, bool)
+    raw = codec.encode_record(codec_name, example_index=3, tokens=np.zeros(L), segment_ids=seg, positions=np.zeros(L),
+                              vocab_size=V, sample_ids=ids, sample_counts=counts, sample_logprobs=lp, num_samples=N,
+                              loss_mask=none)
+    out = codec.decode_record(raw)
+    assert out["sample_ids"].shape == (L, 0) and not out["loss_mask"].any()
+
+
+def test_masked_record_damage_is_a_store_error():
+    rng = np.random.default_rng(11)
+    rec = _record(rng, L=37)
+    mask = _mask(rng, rec["segment_ids"])
+    raw = codec.encode_record("default", **rec, loss_mask=mask)
+    mask_at = codec.HEADER.size + codec.RUN_DTYPE.itemsize * 3 + (18 * 37 + 7) // 8
+    padded = bytearray(raw)
+    padded[mask_at + 4] |= 0x80  # bit 39 of a 37-bit mask
+    with pytest.raises(StoreError, match="padding beyond seq_len"):
+        codec.decode_record(bytes(padded))
+    flipped = bytearray(raw)
+    flipped[mask_at] ^= 0x01  # one more or one fewer supervised position: the size no longer fits
+    with pytest.raises(StoreError, match="its header and mask imply"):
+        codec.decode_record(bytes(flipped))
+    with pytest.raises(StoreError):
+        codec.decode_record(raw[: mask_at + 2])
+    unknown = bytearray(raw)
+    unknown[5] |= 0x40
+    with pytest.raises(StoreError, match="unknown flags"):
+        codec.decode_record(bytes(unknown))

@@ -55,3 +55,14 @@ def test_pipeline_defaults_are_the_configs(component, cls, renames):
     wrong = [(p.name, p.default_in("local"), field, value) for p, field, value in pairs
              if not _same(p.default_in("local"), value)]
     assert not wrong, wrong
+
+
+def test_the_conversation_parameters_default_to_the_default_chat_options():
+    from logit_distill.data import ChatOptions
+    from logit_distill.data.conversations import FLAT_FIELDS
+
+    chat = {p.name: p.default_in("local") for p in params.PARAMS if p.name in FLAT_FIELDS}
+    assert set(chat) == set(FLAT_FIELDS)
+    assert all(params.DUMP in params.PARAMS[[q.name for q in params.PARAMS].index(n)].to for n in chat)
+    assert ChatOptions.from_flat(**chat) == ChatOptions()
+    assert DumpConfig.from_flat(teacher="t", data="d", output="o", num_steps=1, **chat).chat == ChatOptions()

@@ -49,8 +49,10 @@ def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing
     tol = 1e-4 if codec_name == "exact" else codec.LOGPROB_MAX_ERROR + 1e-4
     k = s.manifest["shapes"]["top_k"]
     checked = 0
+    assert s.manifest["shapes"]["masked"]
     for i in range(len(s)):
         rec = s.read(i)
+        assert not rec["topk_logprobs"][~rec["loss_mask"]].any()  # no values at padding or a document's end
         for seg in np.unique(rec["segment_ids"]):
             if seg == 0:
                 continue
@@ -59,6 +61,11 @@ def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing
             with torch.no_grad():
                 logits = hf(torch.tensor(rec["tokens"][where][None].astype(np.int64))).logits[0]
             ref = torch.log_softmax(logits.double(), -1).numpy()
+            # The store holds every next-token position of the document (not its last token): nothing else.
+            held = rec["loss_mask"][where]
+            np.testing.assert_array_equal(held, np.arange(len(where)) < len(where) - 1)
+            ref = ref[held]
+            where = where[held]
             ref_ids = np.argsort(-ref, axis=-1, kind="stable")[:, :k]
             got_ids = rec["topk_ids"][where]
             got_lp = rec["topk_logprobs"][where]

@@ -2,6 +2,7 @@
 (unbiasedness against the full-distribution KL gradient), online sampling, exact tempered tails
 and token-weighted gradient accumulation; float64 NumPy references throughout."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from logit_distill.dump import DumpConfig, run_dump
 from logit_distill.errors import ConfigMismatchError, InputError
 from logit_distill.selection import sample_keys, select_sampled, select_topk
 from logit_distill.train import losses as L
+from logit_distill.train.losses import training_mask
 from logit_distill.verify import VerifyConfig
 from logit_distill.train import TrainConfig
 
@@ -127,8 +129,8 @@ def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
     s = store.open_store(ref)
     if s.manifest["codec"]["name"] == "default":
         assert s.manifest["codec"]["sampled_layout"] == codec.SAMPLED_LAYOUT
-    rec = s.read(5)
-    assert (rec["sample_counts"].sum(-1) == 16).all()
+    rec = s.read(5)  # N draws at each position the record holds (its loss mask), none elsewhere
+    np.testing.assert_array_equal(rec["sample_counts"].sum(-1), np.where(rec["loss_mask"], 16, 0))
     report = verify_store(VerifyConfig(store=ref, teacher=setup["teacher"], spot_check=2, progress=False))
     assert report.passed, report.failure_line()
     # Another N or selection is refused; nothing changes.
@@ -250,13 +252,15 @@ def test_accumulation_is_token_weighted():
     params = {"emb": jnp.asarray(rng.normal(size=(V, V)), jnp.float32)}
     seg_a = np.zeros((1, Lq), np.int32)
     seg_a[0, :2] = 1  # one valid token
-    seg_b = np.ones((1, Lq), np.int32)  # seven
+    seg_b = np.ones((1, Lq), np.int32)  # seven next tokens, three of them supervised (loss_mask)
+    mask_b = np.zeros((1, Lq), bool)
+    mask_b[0, 2:5] = True
     batches = []
-    for s in (seg_a, seg_b):
+    for s, mask in ((seg_a, np.ones((1, Lq), bool)), (seg_b, mask_b)):
         sel = select_topk(jnp.asarray(rng.normal(size=(1, Lq, V)), jnp.float32), 3)
         batches.append({"tokens": rng.integers(0, V, (1, Lq)).astype(np.int32), "segment_ids": s,
                         "positions": np.zeros((1, Lq), np.int32), "topk_ids": np.asarray(sel["topk_ids"]),
-                        "topk_logprobs": np.asarray(sel["topk_logprobs"])})
+                        "topk_logprobs": np.asarray(sel["topk_logprobs"]), "loss_mask": mask})
     one = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
     def run(tx, bs, scales):
@@ -268,12 +272,49 @@ def test_accumulation_is_token_weighted():
 
     sgd = optax.sgd(1.0)
     want = run(sgd, [one], [jnp.float32(1.0)])
-    scales = L.accumulation_scales([b["segment_ids"] for b in batches])
-    np.testing.assert_allclose([float(s) for s in scales], [2 * 1 / 8, 2 * 7 / 8])
+    scales = L.accumulation_scales(batches)
+    np.testing.assert_allclose([float(s) for s in scales], [2 * 1 / 4, 2 * 3 / 4])
     got = run(optax.MultiSteps(sgd, every_k_schedule=2), batches, scales)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     plain = run(optax.MultiSteps(sgd, every_k_schedule=2), batches, [jnp.float32(1.0)] * 2)
     assert np.abs(plain - want).max() > 1e-3  # the unweighted mean of means differs
+
+
+def test_teacher_outputs_at_prompt_positions_change_nothing():
+    """Online, the teacher computes every position; a prompt's (``loss_mask`` 0) never reaches the loss
+    or the gradient, whatever the teacher says there, for every loss."""
+    rng = np.random.default_rng(8)
+    V, Lq = 13, 10
+    segment_ids = np.array([[1] * 6 + [2] * 4, [1] * 8 + [0] * 2], np.int32)
+    loss_mask = np.zeros((2, Lq), bool)
+    loss_mask[0, 2:5] = loss_mask[0, 7:9] = loss_mask[1, 4:7] = True  # the assistant's tokens
+    teacher = rng.normal(size=(2, Lq, V)).astype(np.float32)
+    altered = np.where(loss_mask[..., None], teacher, 5 * rng.normal(size=teacher.shape)).astype(np.float32)
+    at_target = teacher.copy()
+    at_target[0, 3] += 3 * rng.normal(size=V).astype(np.float32)  # a supervised position: this one counts
+    student = jnp.asarray(rng.normal(size=(2, Lq, V)), jnp.float32)
+    base = {"tokens": rng.integers(0, V, (2, Lq)).astype(np.int32), "segment_ids": segment_ids,
+            "loss_mask": loss_mask}
+    keys = sample_keys(0, jnp.arange(2), Lq)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def value_and_grad(kind, logits):
+        sel = select_sampled(logits, 6, keys) if kind == "sampled_kl" else select_topk(logits, 4)
+        batch = {**base, **{k: sel[k] for k in L.FIELDS[kind]}}
+        return jax.value_and_grad(lambda s: L.distill_loss(s, batch, kind=kind, alpha=0.6, temperature=1.5)[0])(
+            student)
+
+    def loss_and_grad(kind, logits):
+        value, grad = value_and_grad(kind, jnp.asarray(logits))
+        return float(value), np.asarray(grad)
+
+    for kind in L.KINDS:
+        value, grad = loss_and_grad(kind, teacher)
+        value_altered, grad_altered = loss_and_grad(kind, altered)
+        assert value_altered == pytest.approx(value, rel=1e-6), kind
+        np.testing.assert_allclose(grad_altered, grad, rtol=1e-5, atol=1e-7, err_msg=kind)
+        assert not grad[~loss_mask].any(), kind
+        assert loss_and_grad(kind, at_target)[0] != pytest.approx(value, rel=1e-4), kind
 
 
 # ------------------------------------------------------------------ training
@@ -299,12 +340,12 @@ def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
     width = s.manifest["shapes"]["num_samples"]
     recs = [s.read(i) for i in range(8)]
     pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[-1])))  # noqa: E731
-    b = {k: np.stack([rec[k] if k in ("tokens", "positions", "segment_ids") else pad(rec[k]) for rec in recs])
-         for k in ("tokens", "positions", "segment_ids", "sample_ids", "sample_counts", "sample_logprobs")}
+    b = {k: np.stack([rec[k] if k in ("tokens", "positions", "segment_ids", "loss_mask") else pad(rec[k]) for rec in recs])
+         for k in ("tokens", "positions", "segment_ids", "loss_mask", "sample_ids", "sample_counts", "sample_logprobs")}
     student = load_model(r.hf_dir)
     values = teacher_metrics.per_position(student.apply(student.params, b["tokens"], b["positions"],
                                                         b["segment_ids"]), b)
-    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, b["segment_ids"])))
+    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, training_mask(b))))
     assert r.eval["teacher"]["kl_draws"] == pytest.approx(want["kl_draws"], rel=1e-4)
     assert r.eval["teacher"]["count"] == want["count"]
     with pytest.raises(InputError, match="does not fit"):
@@ -324,7 +365,7 @@ def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
     hot = plan_training(TrainConfig(store=ref, output=str(tmp_path / "hot2"), temperature=2.0,
                                     allow_biased_temperature=True, **common))  # accepted, with the measured bias
     assert hot.settings["allow_biased_temperature"] and any("gradient is biased by about" in w for w in hot.warnings)
-    # Online sampling with the dump's keys gives the stored draws.
+    # Online sampling with the dump's keys gives the stored draws (at the positions the masked store holds).
     teacher = load_model(setup["teacher"])
     ex = ExampleSource.open(setup["data"], teacher.tokenizer_path, seq_len=32, packing=True, seed=0)
     src = OnlineSource(ex)
@@ -335,9 +376,10 @@ def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
     s = store.open_store(ref)
     for j, i in enumerate((3, 9)):
         rec = s.read(i)
-        S = rec["sample_ids"].shape[1]
-        np.testing.assert_array_equal(np.asarray(out["sample_ids"][j])[:, :S], rec["sample_ids"])
-        np.testing.assert_array_equal(np.asarray(out["sample_counts"][j])[:, :S], rec["sample_counts"])
+        S, held = rec["sample_ids"].shape[1], rec["loss_mask"]
+        assert held.sum() > len(held) // 2
+        np.testing.assert_array_equal(np.asarray(out["sample_ids"][j])[held, :S], rec["sample_ids"][held])
+        np.testing.assert_array_equal(np.asarray(out["sample_counts"][j])[held, :S], rec["sample_counts"][held])
     # Online draws change per epoch: 16 examples read from 8, the second epoch keyed as examples 8..15.
     seen = []
     draw_index = epochs.draw_index

@@ -8,6 +8,7 @@ import numpy as np
 
 from logit_distill.selection import sample_keys, select_sampled, select_topk
 from logit_distill.train import teacher_metrics as M
+from logit_distill.train.losses import next_token_mask
 
 V, K = 40, 6
 SEG = np.array([[1, 1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1, 1]], np.int32)
@@ -74,7 +75,7 @@ def test_store_measures_match_numpy_and_bound_the_full_kl():
 def test_sums_and_means_follow_the_next_token_mask():
     t, z = data(3)
     values = M.per_position(z, {"teacher_logits": t}, k=K)
-    total = {k: np.asarray(v) for k, v in M.sums(values, SEG).items()}
+    total = {k: np.asarray(v) for k, v in M.sums(values, next_token_mask(SEG)).items()}
     mask = np.zeros(SEG.shape, bool)
     mask[0, [0, 1, 2, 4]] = True  # row 0: doc 1's last token (3), doc 2's (5) and padding are out
     mask[1, :6] = True

@@ -23,6 +23,7 @@ from logit_distill.cli import main as cli_main
 from logit_distill.cli.main import build_parser
 from logit_distill.train import sample_from_teacher, train_student
 from logit_distill.train import TrainConfig
+from logit_distill.train.losses import training_mask
 
 from test_train_helpers import VOCAB, make_model_dir, max_weight_diff, write_teacher_store
 
@@ -362,7 +363,7 @@ def test_teacher_relative_evaluation_equals_teacher_metrics(setup, kd_run):
     args = [rows[k] for k in ("tokens", "positions", "segment_ids")]
     values = teacher_metrics.per_position(student.apply(student.params, *args),
                                           {"teacher_logits": teacher.apply(teacher.params, *args)}, k=TOP_K)
-    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, rows["segment_ids"])))
+    want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, training_mask(rows))))
     assert set(want) == {"kl", "top1_agreement", "topk_mass", "tail_shape_kl", "count"}
     for name, value in want.items():
         assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
@@ -386,12 +387,12 @@ def test_online_full_vocabulary_divergence_and_eval_store(setup, tmp_path):
     got = r.eval["teacher"]
     st = store_mod.open_store(setup["store"])
     recs = [st.read(i) for i in range(8)]
-    b = {k: np.stack([rec[k] for rec in recs]) for k in ("tokens", "positions", "segment_ids", "topk_ids",
+    b = {k: np.stack([rec[k] for rec in recs]) for k in ("tokens", "positions", "segment_ids", "loss_mask", "topk_ids",
                                                          "topk_logprobs", "tail_logprob")}
     student = load_model(r.hf_dir)
     logits = student.apply(student.params, b["tokens"], b["positions"], b["segment_ids"])
     want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(teacher_metrics.per_position(logits, b),
-                                                                     b["segment_ids"])))
+                                                                     training_mask(b))))
     assert set(want) == {"kl_bins", "top1_agreement", "topk_mass", "count"} and got["k"] == TOP_K
     for name, value in want.items():
         assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name

@@ -24,6 +24,9 @@ Layout (all little-endian; docs/FORMAT.md is the normative description):
                        | token_hash 16 bytes (BLAKE2b-128 of tokens as int32 LE)
     runs:              num_runs x (segment_id u32, length u32, first_position u32, step u32)
     tokens:            [L]     ids
+    loss_mask:         masked records only (flags bit 2): [L] bits, 1 where position j (the
+                       prediction of token j + 1) is supervised; the S set bits are the rows of
+                       every section below, which then holds S rows instead of L
 
     top-k record (flags bit 0 clear; width = k, aux = m tempered tails):
     topk_ids:              [L, k]  ids
@@ -49,6 +52,11 @@ whole byte (default); ``log-probs`` are float32 (exact) or uint16 fixed point
 run are ``first_position + step * j``, so a packed row of D documents costs D runs.
 Decoded, a sampled record's ``sample_ids``/``sample_counts``/``sample_logprobs``
 are ``[L, S]`` with the n_j used slots first and zeros after.
+
+A masked record (flags bit 2) stores the teacher's values only at its supervised positions
+(``loss_mask``), in position order; decoded, every field is dense ``[L, ...]`` again with zeros
+outside the mask, and ``loss_mask`` says where values are. A record without the bit holds every
+position; its ``loss_mask`` decodes as ``next_token_mask(segment_ids)`` (what such a store trains on).
 
 No pickle: the layout is plain bytes and numpy views.
 """
@@ -85,10 +93,12 @@ FLAG_SAMPLED = 1
 # Default-codec sampled records in the Rice layout (ids as gaps, log-probs Rice-coded); a default-codec
 # sampled record without it is the earlier layout, which this version does not read.
 FLAG_SAMPLED_RICE = 2
+# The teacher's values at supervised positions only, with the mask as [L] bits after the tokens.
+FLAG_MASKED = 4
 
 # The fields of a decoded record (``decode_record``): those every record holds, then each selection's
 # teacher fields (a top-k record holds ``tail_logprob_tempered`` only when its store has tail temperatures).
-RECORD_FIELDS = ("example_index", "tokens", "segment_ids", "positions")
+RECORD_FIELDS = ("example_index", "tokens", "segment_ids", "positions", "loss_mask")
 SELECTION_FIELDS = {
     "topk": ("topk_ids", "topk_logprobs", "tail_logprob", "tail_logprob_tempered"),
     "sampled": ("sample_ids", "sample_counts", "sample_logprobs"),
@@ -114,24 +124,59 @@ def bytes_per_entry(codec: str, vocab_size: int, seq_len: int, top_k: int) -> fl
     return size / (seq_len * top_k)
 
 
-def record_size(codec: str, vocab_size: int, seq_len: int, top_k: int, num_runs: int) -> int:
+def record_size(codec: str, vocab_size: int, seq_len: int, top_k: int, num_runs: int,
+                supervised: int | None = None) -> int:
+    """Bytes of a top-k record; ``supervised``: a masked record with that many supervised positions."""
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
-    return _record_size(codec, bits, seq_len, top_k, num_runs)
+    return _record_size(codec, bits, seq_len, top_k, num_runs, supervised=supervised)
 
 
-def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int, tempered: int = 0) -> int:
+def _record_size(codec: str, bits: int, L: int, k: int, num_runs: int, tempered: int = 0,
+                 supervised: int | None = None) -> int:
     size = HEADER.size + RUN_DTYPE.itemsize * num_runs
+    S = L if supervised is None else supervised  # rows of the teacher's sections
+    if supervised is not None:
+        size += _packed_len(L, 1)
     if codec == "exact":
-        return size + 4 * L + 8 * L * k + 4 * L + 4 * L * tempered
-    return size + _packed_len(L, bits) + _packed_len(L * k, bits) + 2 * L * k + 2 * L + 2 * L * tempered
+        return size + 4 * L + 8 * S * k + 4 * S + 4 * S * tempered
+    return size + _packed_len(L, bits) + _packed_len(S * k, bits) + 2 * S * k + 2 * S + 2 * S * tempered
 
 
-def _sampled_size(codec: str, bits: int, N: int, L: int, M: int, num_runs: int) -> int:
+def _sampled_size(codec: str, bits: int, N: int, L: int, M: int, num_runs: int,
+                  supervised: int | None = None) -> int:
     """Exact codec: the whole record; default codec: up to and including the Rice parameters."""
     size = HEADER.size + RUN_DTYPE.itemsize * num_runs
+    S = L if supervised is None else supervised
+    if supervised is not None:
+        size += _packed_len(L, 1)
     if codec == "exact":
-        return size + 4 * L + 4 * L + 12 * M
-    return size + _packed_len(L, bits) + _packed_len(L * N, 1) + 2
+        return size + 4 * L + 4 * S + 12 * M
+    return size + _packed_len(L, bits) + _packed_len(S * N, 1) + 2
+
+
+def next_token_mask(segment_ids: np.ndarray) -> np.ndarray:
+    """bool ``[..., L]``: position j predicts token j + 1 of its own document (numpy
+    ``train.losses.next_token_mask``): the positions a record without a mask holds values for."""
+    seg = np.asarray(segment_ids)
+    out = np.zeros(seg.shape, bool)
+    out[..., :-1] = (seg[..., :-1] != 0) & (seg[..., 1:] == seg[..., :-1])
+    return out
+
+
+def encode_mask(loss_mask: np.ndarray) -> bytes:
+    """``[L]`` bools as ``ceil(L / 8)`` bytes, least significant bit first."""
+    return np.packbits(np.asarray(loss_mask, bool).reshape(-1), bitorder="little").tobytes()
+
+
+def decode_mask(data, offset: int, L: int) -> np.ndarray:
+    """Inverse of ``encode_mask`` from ``data[offset:]``: bool ``[L]``; set padding bits are damage."""
+    n = _packed_len(L, 1)
+    if len(data) < offset + n:
+        raise StoreError("masked record: the mask runs past the end of the record")
+    bits = np.unpackbits(np.frombuffer(data, np.uint8, count=n, offset=offset), bitorder="little")
+    if bits[L:].any():
+        raise StoreError("masked record: bits are set in the mask's padding beyond seq_len")
+    return bits[:L].astype(bool)
 
 
 # ---------------------------------------------------------------- Rice codes
@@ -326,13 +371,15 @@ def first_not_storable(x: np.ndarray) -> int | None:
     return int(np.argmax(bad.reshape(-1))) if bad.any() else None
 
 
-def _refuse_not_storable(example_index: int, **fields) -> None:
-    """NonFiniteError naming the example, field and position of the first NaN/+inf log-prob."""
+def _refuse_not_storable(example_index: int, rows: np.ndarray | None = None, **fields) -> None:
+    """NonFiniteError naming the example, field and position of the first NaN/+inf log-prob
+    (``rows``: the positions of a masked record's rows)."""
     for name, values in fields.items():
         values = np.asarray(values)
         bad = first_not_storable(values)
         if bad is not None:
             position = bad // max(1, values.shape[-1]) if values.ndim > 1 else bad
+            position = int(rows[position]) if rows is not None else position
             raise NonFiniteError(
                 f"example {int(example_index)}: {name} is {values.reshape(-1)[bad]} at position {position}; "
                 "a store holds finite log-probs only (is the teacher's checkpoint damaged?)"
@@ -363,6 +410,16 @@ def dequantize_sampled_logprobs(q: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- records
 
 
+def _supervised_rows(loss_mask, L: int):
+    """(the mask section's bytes, the supervised rows) of a masked record; (b"", None) without a mask."""
+    if loss_mask is None:
+        return b"", None
+    mask = np.asarray(loss_mask)
+    if mask.shape != (L,) or mask.dtype != bool:
+        raise ValueError(f"loss_mask must be bool [{L}], got {mask.dtype} {mask.shape}")
+    return encode_mask(mask), np.flatnonzero(mask)
+
+
 def encode_record(
     codec: str,
     *,
@@ -380,17 +437,22 @@ def encode_record(
     sample_counts: np.ndarray | None = None,
     sample_logprobs: np.ndarray | None = None,
     num_samples: int | None = None,
+    loss_mask: np.ndarray | None = None,
 ) -> bytes:
     """Encode one example. Shapes: tokens/segment_ids/positions/tail [L], topk [L, k],
     tail_logprob_tempered [L, m]; or, for a sampled record, sample_* [L, S'] (any S' >= the
-    distinct ids of every position, used slots first) and ``num_samples`` N."""
+    distinct ids of every position, used slots first) and ``num_samples`` N.
+
+    With ``loss_mask`` (bool [L]) the record is masked: the teacher's fields are kept at the
+    positions the mask sets only (what they hold elsewhere is never read)."""
     if codec not in CODEC_IDS:
         raise ValueError(f"unknown codec {codec!r}; known: {sorted(CODEC_IDS)}")
+    tokens = np.asarray(tokens)
+    mask_bytes, rows = _supervised_rows(loss_mask, tokens.shape[0])
     if sample_ids is not None:
         return _encode_sampled(codec, example_index, tokens, segment_ids, positions, sample_ids, sample_counts,
-                               sample_logprobs, vocab_size, store_tag, num_samples)
+                               sample_logprobs, vocab_size, store_tag, num_samples, mask_bytes, rows)
     L, k = np.shape(topk_ids)
-    tokens = np.asarray(tokens)
     if tokens.shape != (L,) or np.shape(topk_logprobs) != (L, k) or np.shape(tail_logprob) != (L,):
         raise ValueError(
             f"inconsistent record shapes: tokens {tokens.shape}, topk_ids {(L, k)}, "
@@ -399,18 +461,23 @@ def encode_record(
     tempered = np.zeros((L, 0), np.float32) if tail_logprob_tempered is None else np.asarray(tail_logprob_tempered)
     if tempered.ndim != 2 or tempered.shape[0] != L or tempered.shape[1] > 255:
         raise ValueError(f"tail_logprob_tempered has shape {tempered.shape}, expected ({L}, m <= 255)")
+    topk_ids, topk_logprobs, tail_logprob = np.asarray(topk_ids), np.asarray(topk_logprobs), np.asarray(tail_logprob)
+    if rows is not None:  # the supervised positions only, in order
+        topk_ids, topk_logprobs, tail_logprob, tempered = (a[rows] for a in (topk_ids, topk_logprobs, tail_logprob,
+                                                                              tempered))
     _refuse_not_storable(example_index, topk_logprobs=topk_logprobs, tail_logprob=tail_logprob,
-                         tail_logprob_tempered=tempered)
+                         tail_logprob_tempered=tempered, rows=rows)
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
     header = HEADER.pack(
-        MAGIC, CODEC_IDS[codec], 0, bits, tempered.shape[1], int(example_index), L, k, len(runs), store_tag,
-        token_hash(tokens)
+        MAGIC, CODEC_IDS[codec], 0 if rows is None else FLAG_MASKED, bits, tempered.shape[1], int(example_index),
+        L, k, len(runs), store_tag, token_hash(tokens)
     )
     parts = [header, runs.tobytes()]
     if codec == "exact":
         parts += [
             np.ascontiguousarray(tokens, dtype="<i4").tobytes(),
+            mask_bytes,
             np.ascontiguousarray(topk_ids, dtype="<i4").tobytes(),
             np.ascontiguousarray(topk_logprobs, dtype="<f4").tobytes(),
             np.ascontiguousarray(tail_logprob, dtype="<f4").tobytes(),
@@ -419,6 +486,7 @@ def encode_record(
     else:
         parts += [
             pack_bits(tokens, bits),
+            mask_bytes,
             pack_bits(topk_ids, bits),
             quantize_logprobs(topk_logprobs).tobytes(),
             quantize_logprobs(tail_logprob).tobytes(),
@@ -428,8 +496,7 @@ def encode_record(
 
 
 def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, counts, logprobs, vocab_size,
-                    store_tag, num_samples) -> bytes:
-    tokens = np.asarray(tokens)
+                    store_tag, num_samples, mask_bytes=b"", rows=None) -> bytes:
     ids, counts, logprobs = np.asarray(ids), np.asarray(counts), np.asarray(logprobs)
     L = tokens.shape[0]
     if ids.ndim != 2 or ids.shape[0] != L or counts.shape != ids.shape or logprobs.shape != ids.shape:
@@ -438,6 +505,8 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
     if num_samples is None or int(num_samples) < 1:
         raise ValueError("a sampled record needs num_samples >= 1")
     N = int(num_samples)
+    if rows is not None:  # the supervised positions only, in order
+        ids, counts, logprobs = ids[rows], counts[rows], logprobs[rows]
     used = counts > 0
     n = used.sum(-1)
     # Used slots must come first: slot j of position i is used iff j < n_i.
@@ -445,19 +514,21 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
         raise ValueError("sampled record: the slots with a count > 0 must come first at every position")
     if np.any(n < 1):
         raise ValueError("sampled record: every position needs at least one sampled id")
-    if codec != "exact" and L and np.any(counts.sum(-1) != N):  # the unary layout needs it; exact keeps any
+    if codec != "exact" and n.size and np.any(counts.sum(-1) != N):  # the unary layout needs it; exact keeps any
         j = int(np.argmax(counts.sum(-1) != N))
         raise ValueError(f"sampled record: the counts of position {j} sum to {int(counts[j].sum())}, not N = {N}")
-    _refuse_not_storable(example_index, sample_logprobs=np.where(used, logprobs, 0.0))
+    _refuse_not_storable(example_index, sample_logprobs=np.where(used, logprobs, 0.0), rows=rows)
     runs = encode_runs(segment_ids, positions)
     bits = 32 if codec == "exact" else id_bits_for(vocab_size)
     flags = FLAG_SAMPLED if codec == "exact" else FLAG_SAMPLED | FLAG_SAMPLED_RICE
+    if rows is not None:
+        flags |= FLAG_MASKED
     header = HEADER.pack(MAGIC, CODEC_IDS[codec], flags, bits, 0,
                          int(example_index), L, N, len(runs), store_tag, token_hash(tokens))
     flat_ids, flat_counts, flat_lp = ids[used], counts[used], logprobs[used]
     parts = [header, runs.tobytes()]
     if codec == "exact":
-        parts += [np.ascontiguousarray(tokens, dtype="<i4").tobytes(), n.astype("<i4").tobytes(),
+        parts += [np.ascontiguousarray(tokens, dtype="<i4").tobytes(), mask_bytes, n.astype("<i4").tobytes(),
                   flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
                   flat_lp.astype("<f4").tobytes()]
     else:
@@ -468,7 +539,7 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
         gaps = sampled_id_gaps(flat_ids, n)
         qlp = quantize_sampled_logprobs(flat_lp)
         k_ids, k_lp = rice_parameter(gaps), rice_parameter(qlp)
-        parts += [pack_bits(tokens, bits), encode_unary_counts(counts, N), bytes([k_ids, k_lp]),
+        parts += [pack_bits(tokens, bits), mask_bytes, encode_unary_counts(counts, N), bytes([k_ids, k_lp]),
                   *rice_encode(gaps, k_ids), *rice_encode(qlp, k_lp)]
     return b"".join(parts)
 
@@ -481,10 +552,13 @@ def decode_header(data: bytes | memoryview) -> dict:
         raise StoreError(f"record does not start with {MAGIC!r} (got {magic!r})")
     if codec_id not in CODEC_NAMES:
         raise StoreError(f"record has unknown codec id {codec_id}")
+    if flags & ~(FLAG_SAMPLED | FLAG_SAMPLED_RICE | FLAG_MASKED):
+        raise StoreError(f"record has unknown flags {flags:#04x}")
     return {
         "codec": CODEC_NAMES[codec_id],
         "flags": flags,
         "selection": "sampled" if flags & FLAG_SAMPLED else "topk",
+        "masked": bool(flags & FLAG_MASKED),
         "id_bits": bits,
         "aux": aux,
         "example_index": index,
@@ -496,56 +570,84 @@ def decode_header(data: bytes | memoryview) -> dict:
     }
 
 
-def _record_fields(h: dict, tokens, segment_ids, positions) -> dict:
+def _record_fields(h: dict, tokens, segment_ids, positions, loss_mask) -> dict:
     """The fields every decoded record holds (``RECORD_FIELDS``), with the header's store tag and token hash."""
     return {"example_index": np.int64(h["example_index"]), "store_tag": np.uint32(h["store_tag"]),
-            "token_hash": h["token_hash"], "tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+            "token_hash": h["token_hash"], "tokens": tokens, "segment_ids": segment_ids, "positions": positions,
+            "loss_mask": loss_mask}
+
+
+def _spread(rows: np.ndarray, mask, L: int) -> np.ndarray:
+    """Rows of the supervised positions back to ``[L, ...]``, zeros elsewhere (``mask`` None: all rows)."""
+    if mask is None:
+        return rows
+    out = np.zeros((L, *rows.shape[1:]), rows.dtype)
+    out[mask] = rows
+    return out
+
+
+def _tokens_and_mask(mv, h: dict, off: int, segment_ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
+    """(tokens, the stored mask or None, the record's loss mask, offset after both)."""
+    L, bits = h["seq_len"], h["id_bits"]
+    if h["codec"] == "exact":
+        tokens = np.frombuffer(mv, "<i4", L, off).astype(np.int32)
+        off += 4 * L
+    else:
+        n = _packed_len(L, bits)
+        tokens = unpack_bits(mv[off: off + n], L, bits)
+        off += n
+    if not h["masked"]:
+        return tokens, None, next_token_mask(segment_ids), off
+    mask = decode_mask(mv, off, L)
+    return tokens, mask, mask, off + _packed_len(L, 1)
 
 
 def decode_record(data: bytes) -> dict:
-    """Decode one record into numpy arrays (log-probs float32, ids and counts int32)."""
+    """Decode one record into numpy arrays (log-probs float32, ids and counts int32); the teacher's
+    fields are ``[L, ...]`` with zeros where ``loss_mask`` is not set (a masked record holds nothing there)."""
     h = decode_header(data)
     if h["selection"] == "sampled":
         return _decode_sampled(data, h)
     L, k, bits, codec, m = h["seq_len"], h["top_k"], h["id_bits"], h["codec"], h["aux"]
-    expected = _record_size(codec, bits, L, k, h["num_runs"], m)
-    if len(data) != expected:
-        raise StoreError(f"record is {len(data)} bytes, its header implies {expected}")
     mv = memoryview(data)
     off = HEADER.size
+    runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
+    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
+    if len(data) < head:
+        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
     runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
-    off += runs.nbytes
     segment_ids, positions = decode_runs(runs, L)
+    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    S = L if mask is None else int(mask.sum())
+    expected = _record_size(codec, bits, L, k, h["num_runs"], m, supervised=None if mask is None else S)
+    if len(data) != expected:
+        raise StoreError(f"record is {len(data)} bytes, "
+                         f"{'its header and mask imply' if h['masked'] else 'its header implies'} {expected}")
     if codec == "exact":
-        tokens = np.frombuffer(mv, "<i4", L, off).astype(np.int32)
-        off += 4 * L
-        topk_ids = np.frombuffer(mv, "<i4", L * k, off).astype(np.int32).reshape(L, k)
-        off += 4 * L * k
-        topk_logprobs = np.frombuffer(mv, "<f4", L * k, off).astype(np.float32).reshape(L, k)
-        off += 4 * L * k
-        tail = np.frombuffer(mv, "<f4", L, off).astype(np.float32)
-        off += 4 * L
-        tempered = np.frombuffer(mv, "<f4", L * m, off).astype(np.float32).reshape(L, m)
+        topk_ids = np.frombuffer(mv, "<i4", S * k, off).astype(np.int32).reshape(S, k)
+        off += 4 * S * k
+        topk_logprobs = np.frombuffer(mv, "<f4", S * k, off).astype(np.float32).reshape(S, k)
+        off += 4 * S * k
+        tail = np.frombuffer(mv, "<f4", S, off).astype(np.float32)
+        off += 4 * S
+        tempered = np.frombuffer(mv, "<f4", S * m, off).astype(np.float32).reshape(S, m)
     else:
-        n = _packed_len(L, bits)
-        tokens = unpack_bits(mv[off : off + n], L, bits)
+        n = _packed_len(S * k, bits)
+        topk_ids = unpack_bits(mv[off : off + n], S * k, bits).reshape(S, k)
         off += n
-        n = _packed_len(L * k, bits)
-        topk_ids = unpack_bits(mv[off : off + n], L * k, bits).reshape(L, k)
-        off += n
-        topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", L * k, off)).reshape(L, k)
-        off += 2 * L * k
-        tail = dequantize_logprobs(np.frombuffer(mv, "<u2", L, off))
-        off += 2 * L
-        tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", L * m, off)).reshape(L, m)
+        topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", S * k, off)).reshape(S, k)
+        off += 2 * S * k
+        tail = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
+        off += 2 * S
+        tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", S * m, off)).reshape(S, m)
     out = {
-        **_record_fields(h, tokens, segment_ids, positions),
-        "topk_ids": topk_ids,
-        "topk_logprobs": topk_logprobs,
-        "tail_logprob": tail,
+        **_record_fields(h, tokens, segment_ids, positions, loss_mask),
+        "topk_ids": _spread(topk_ids, mask, L),
+        "topk_logprobs": _spread(topk_logprobs, mask, L),
+        "tail_logprob": _spread(tail, mask, L),
     }
     if m:
-        out["tail_logprob_tempered"] = tempered
+        out["tail_logprob_tempered"] = _spread(tempered, mask, L)
     return out
 
 
@@ -556,23 +658,26 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
     mv = memoryview(data)
     off = HEADER.size
     runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (8 * L if codec == "exact" else _packed_len(L, bits) + _packed_len(L * N, 1) + 2)
+    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
     if len(data) < head:
         raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
     runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
     segment_ids, positions = decode_runs(runs, L)
-    off = runs_end
+    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    S = L if mask is None else int(mask.sum())  # positions with draws
+    supervised = None if mask is None else S
+    if len(data) < _sampled_size(codec, bits, N, L, 0, h["num_runs"], supervised):
+        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies "
+                         f"({_sampled_size(codec, bits, N, L, 0, h['num_runs'], supervised)}+)")
     if codec == "exact":
-        tokens = np.frombuffer(mv, "<i4", L, off).astype(np.int32)
-        off += 4 * L
-        n = np.frombuffer(mv, "<i4", L, off).astype(np.int64)
-        off += 4 * L
+        n = np.frombuffer(mv, "<i4", S, off).astype(np.int64)
+        off += 4 * S
         if np.any(n < 1) or np.any(n > N):
             raise StoreError(f"sampled record: a position claims {int(n.max())} distinct ids of N = {N} draws")
         M = int(n.sum())
-        if len(data) != _sampled_size(codec, bits, N, L, M, h["num_runs"]):
-            raise StoreError(f"record is {len(data)} bytes, its header and counts imply "
-                             f"{_sampled_size(codec, bits, N, L, M, h['num_runs'])}")
+        size = _sampled_size(codec, bits, N, L, M, h["num_runs"], supervised)
+        if len(data) != size:
+            raise StoreError(f"record is {len(data)} bytes, its header and counts imply {size}")
         flat_ids = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
         off += 4 * M
         flat_counts = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
@@ -582,11 +687,8 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
         if not h["flags"] & FLAG_SAMPLED_RICE:
             raise StoreError("sampled record in an earlier layout (ids bit-packed, not Rice-coded gaps), "
                              "which this version does not read; dump the store again")
-        size = _packed_len(L, bits)
-        tokens = unpack_bits(mv[off : off + size], L, bits)
-        off += size
-        size = _packed_len(L * N, 1)
-        n, flat_counts = decode_unary_counts(mv[off : off + size], L, N)
+        size = _packed_len(S * N, 1)
+        n, flat_counts = decode_unary_counts(mv[off : off + size], S, N)
         off += size
         M = int(n.sum())
         k_ids, k_lp = data[off], data[off + 1]
@@ -604,15 +706,15 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
         flat_lp = dequantize_sampled_logprobs(qlp)
         if off != len(data):
             raise StoreError(f"record is {len(data)} bytes, its header and codes imply {off}")
-    S = int(n.max()) if L else 0
-    used = np.arange(S)[None, :] < n[:, None]
-    ids = np.zeros((L, S), np.int32)
-    counts = np.zeros((L, S), np.int32)
-    lp = np.zeros((L, S), np.float32)
+    width = int(n.max()) if n.size else 0
+    used = np.arange(width)[None, :] < n[:, None]
+    ids = np.zeros((S, width), np.int32)
+    counts = np.zeros((S, width), np.int32)
+    lp = np.zeros((S, width), np.float32)
     ids[used], counts[used], lp[used] = flat_ids, flat_counts, flat_lp
     return {
-        **_record_fields(h, tokens, segment_ids, positions),
-        "sample_ids": ids,
-        "sample_counts": counts,
-        "sample_logprobs": lp,
+        **_record_fields(h, tokens, segment_ids, positions, loss_mask),
+        "sample_ids": _spread(ids, mask, L),
+        "sample_counts": _spread(counts, mask, L),
+        "sample_logprobs": _spread(lp, mask, L),
     }

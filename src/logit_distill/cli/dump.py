@@ -10,11 +10,13 @@ import sys
 
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from ..store.manifest import DEFAULT_ARRAY_RECORD_OPTIONS
+from .chat_flags import add_chat_arguments, chat_options
 from .flags import positive_float
 
 HELP = "run a teacher over the data and store its top-k log-probs (resumable)"
-DESCRIPTION = ("Run the teacher once over the data; store each position's top-k log-probs, ids and tail mass "
-               "(or tokens sampled from it) in a chunked logit store. Re-running the same command resumes. "
+DESCRIPTION = ("Run the teacher once over the data; store each supervised position's top-k log-probs, ids and "
+               "tail mass (or tokens sampled from it) in a chunked logit store: every next-token position of "
+               "text, the assistant's tokens of conversations. Re-running the same command resumes. "
                "Exit status: 0 complete, 1 stopped before the last chunk, 2 bad input, 3 non-finite teacher "
                "outputs, 4 store damaged, 130 interrupted (docs/ERRORS.md).")
 FORMATTER = argparse.HelpFormatter
@@ -25,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HF checkpoint directory or gs:// URI (config.json, *.safetensors, tokenizer.json), "
                         "or preset:NAME[@SEED] for a tiny random teacher")
     p.add_argument("--data", required=True,
-                   help="JSONL file, glob or directory (text per line) or pre-tokenized *.array_record files")
+                   help="JSONL or Parquet file, glob or directory (text, conversations as messages, or "
+                        "prompt/completion pairs), or pre-tokenized *.array_record files")
     p.add_argument("--output", required=True, help="store location: local path, file:// or gs:// URI")
     p.add_argument("--top-k", type=int, default=64, help="log-probs kept per position (default 64)")
     p.add_argument("--selection", choices=["topk", "sampled"], default="topk",
@@ -51,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one document per example, padded, instead of packing documents to --seq-len")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="teacher weights and compute dtype (selection is always float32)")
-    p.add_argument("--text-field", default="text", help="JSONL field holding the text (default text)")
+    p.add_argument("--text-field", default="text", help="field holding the text of text records (default text)")
     p.add_argument("--tokenizer", default=None, help="directory or file of tokenizer.json (default: the teacher's)")
     p.add_argument("--sharding", choices=["replicate", "fsdp", "tensor", "fsdp+tensor", "expert", "fsdp+expert"],
                    default="replicate",
@@ -81,6 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-timeout", type=positive_float, default=DEFAULT_LEASE_TIMEOUT_S,
                    help="seconds without a refresh after which this dump's lease counts as stale; it is "
                         f"refreshed every quarter of it (default {DEFAULT_LEASE_TIMEOUT_S:.0f})")
+    add_chat_arguments(p, applies_to="--data")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (the resume line and the summary are still printed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -97,12 +101,14 @@ def temperatures(text: str) -> tuple:
 
 
 def config_from_args(args: argparse.Namespace):
+    from ..data import ChatOptions
     from ..dump import DumpConfig
 
     return DumpConfig(
         teacher=args.teacher, data=args.data, output=args.output, top_k=args.top_k, seq_len=args.seq_len,
         batch_size=args.batch_size, num_steps=args.num_steps, steps_per_file=args.steps_per_file, codec=args.codec,
-        seed=args.seed, packing=args.packing, dtype=args.dtype, text_field=args.text_field, tokenizer=args.tokenizer,
+        seed=args.seed, packing=args.packing, dtype=args.dtype, text_field=args.text_field,
+        chat=chat_options(args) or ChatOptions(), tokenizer=args.tokenizer,
         selection=args.selection, samples=args.samples, proposal_temperature=args.proposal_temperature,
         tail_temperatures=args.tail_temperatures, array_record_options=args.array_record_options,
         sharding=args.sharding, model_parallel=args.model_parallel, attention=args.attention,

@@ -8,6 +8,7 @@ import json
 import sys
 
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
+from .chat_flags import add_chat_arguments, chat_options
 from .flags import finite_float, nonnegative_float, positive_float, positive_float_or_none
 
 # The --loss choices (losses.KINDS), spelled out here so that --help needs no JAX import.
@@ -31,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("data (offline: --store; online: --teacher --data --top-k --seq-len)")
     src.add_argument("--store", help="logit store URI (local path or gs://) written by `logit-distill dump`")
     src.add_argument("--teacher", help="online mode: teacher HF checkpoint dir (or preset:NAME) run in the loop")
-    src.add_argument("--data", help="online mode: JSONL text or pre-tokenized ArrayRecord (file, glob or dir)")
+    src.add_argument("--data", help="online mode: JSONL or Parquet (text, conversations, prompt/completion) or "
+                                    "pre-tokenized ArrayRecord (file, glob or dir)")
     src.add_argument("--top-k", type=int, help="online mode: teacher entries kept per position")
     src.add_argument("--samples", type=int,
                      help="online mode, --loss sampled_kl: draws per position from the teacher (as dump --samples)")
@@ -45,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--num-examples", type=int,
                      help="online mode: use only the first N examples of the data (e.g. as many as the dump wrote)")
     src.add_argument("--text-field", default=None,
-                     help="JSONL field holding the text of --data and --eval-data (default: the store's, else text)")
+                     help="field holding the text of --data and --eval-data (default: the store's, else text)")
+    add_chat_arguments(p, applies_to="online --data and --eval-data; default: as the store's data was read")
 
     p.add_argument("--student", required=True,
                    help="student: HF checkpoint dir (local or gs://), preset:NAME[@SEED] (random weights), or "
@@ -100,8 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-tokenizer-mismatch", action="store_true",
                    help="train a student whose tokenizer.json differs from the one the data was tokenized with "
                         "(refused by default); the HF export then ships the student's tokenizer")
-    p.add_argument("--eval-data", help="held-out data (JSONL or pre-tokenized ArrayRecord): student cross-entropy "
-                                       "and perplexity after training, written to <output>/eval.json")
+    p.add_argument("--eval-data", help="held-out data (as --data): student cross-entropy and perplexity on its "
+                                       "supervised tokens after training, written to <output>/eval.json")
     p.add_argument("--eval-teacher",
                    help="with --eval-data: a teacher (HF checkpoint dir or preset:NAME) run on it after training: "
                         "KL(teacher || student) over the full vocabulary, top-1 agreement, the student's mass on "
@@ -138,7 +141,7 @@ def config_from_args(args: argparse.Namespace):
         student=args.student, output=args.output, num_steps=args.num_steps, batch_size=args.batch_size,
         store=args.store, teacher=args.teacher, data=args.data, top_k=args.top_k, seq_len=args.seq_len,
         samples=args.samples, proposal_temperature=args.proposal_temperature, packing=args.packing,
-        data_seed=args.data_seed, num_examples=args.num_examples, text_field=args.text_field,
+        data_seed=args.data_seed, num_examples=args.num_examples, text_field=args.text_field, chat=chat_options(args),
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, end_lr_fraction=args.end_lr_fraction,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, grad_accum=args.grad_accum, seed=args.seed,
         param_sharding=args.param_sharding, loss=args.loss, alpha=args.alpha, alpha_end=args.alpha_end,

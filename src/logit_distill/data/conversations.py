@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from logit_distill.errors import InputError
@@ -28,6 +28,9 @@ TEXT = "text"
 MESSAGES = "messages"
 PROMPT_COMPLETION = "prompt_completion"
 FORMATS = ("auto", TEXT, MESSAGES, PROMPT_COMPLETION)
+# The options as the pipeline gives them (ChatOptions.from_flat's keywords).
+FLAT_FIELDS = ("data_format", "messages_field", "chat_template", "chat_template_kwargs", "supervise_roles",
+               "supervise_end_of_turn", "mask_empty_reasoning", "mask_method")
 MASK_METHODS = ("auto", "generation", "prefix")
 # Variables apply_chat_template sets itself: a template keyword argument may not replace them.
 RESERVED_TEMPLATE_NAMES = ("messages", "tools", "documents", "add_generation_prompt")
@@ -99,6 +102,44 @@ class ChatOptions:
         except (TypeError, ValueError) as e:
             raise InputError(f"template_kwargs must be JSON values (they enter the data identity): {e}") from None
         return self
+
+    @classmethod
+    def from_flat(cls, *, data_format: str = "auto", messages_field: str = "messages", chat_template: str = "",
+                  chat_template_kwargs: str = "", supervise_roles: str = "assistant",
+                  supervise_end_of_turn: bool = True, mask_empty_reasoning: bool = True,
+                  mask_method: str = "auto") -> "ChatOptions":
+        """The options given flat (the pipeline's parameters): ``chat_template`` "" for the tokenizer's,
+        ``chat_template_kwargs`` a JSON object ("" for none), ``supervise_roles`` comma-separated."""
+        kwargs = {}
+        if chat_template_kwargs.strip():
+            try:
+                kwargs = json.loads(chat_template_kwargs)
+            except ValueError as e:
+                raise InputError(f"chat_template_kwargs must be a JSON object such as {{\"enable_thinking\": false}}: "
+                                 f"{e}") from None
+            if not isinstance(kwargs, dict):
+                raise InputError(f"chat_template_kwargs must be a JSON object, got {chat_template_kwargs!r}")
+        roles = tuple(r.strip() for r in supervise_roles.split(",") if r.strip())
+        return cls(format=data_format, messages_field=messages_field, chat_template=chat_template or None,
+                   template_kwargs=kwargs, supervise_roles=roles, supervise_end_of_turn=supervise_end_of_turn,
+                   mask_empty_reasoning=mask_empty_reasoning, mask_method=mask_method)
+
+    @classmethod
+    def from_identity(cls, chat: dict | None) -> "ChatOptions":
+        """The options a data set with this ``chat`` identity entry was read with (the store's
+        ``content.data.chat``), to read the same data, or held-out data, the same way; the defaults
+        for None (text or token ids). The template comes from the tokenizer's folder (the store keeps
+        the one its data was rendered with)."""
+        if not chat:
+            return cls()
+        names = {f.name for f in fields(cls)} - {"chat_template"}
+        kwargs = {k: chat[k] for k in names if k in chat}
+        for k in ("roles", "supervise_roles", "reasoning_tags"):
+            if k in kwargs:
+                kwargs[k] = tuple(kwargs[k])
+        if kwargs.get("mask_method") is None:  # prompt/completion strings: no template, no method
+            kwargs["mask_method"] = "auto"
+        return cls(**kwargs).check()
 
     def identity(self) -> dict:
         """The options as JSON (part of the data identity of a chat data set)."""

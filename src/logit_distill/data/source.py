@@ -137,6 +137,8 @@ class ExampleSource:
             self.eos_id = None
         self.pad_id = self.eos_id if self.eos_id is not None else 0
         self.format = fmt.format
+        # The chat template the documents were rendered with (None: no conversations), kept in a store.
+        self.chat_template_text = fmt.template.text if fmt.template is not None else None
         # Documents left out because no token of theirs is supervised (to report at the end of a dump).
         self.skipped_unsupervised = int(meta.get("skipped_unsupervised_documents", 0))
         self._build_layout()

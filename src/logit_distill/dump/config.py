@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..data import ChatOptions
+from ..data.conversations import FLAT_FIELDS as CHAT_FLAT
 from ..errors import InputError
 from ..store import manifest as manifest_mod
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
@@ -32,6 +34,7 @@ class DumpConfig:
     packing: bool = True
     dtype: str = "float32"
     text_field: str = "text"
+    chat: ChatOptions = dataclasses.field(default_factory=ChatOptions)  # conversations: format, template, masks
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
     selection: str = "topk"  # topk | sampled
     samples: int | None = None  # sampled: draws per position (N)
@@ -81,6 +84,9 @@ class DumpConfig:
             raise InputError(f"--lease-timeout must be finite and > 0 seconds, got {self.lease_timeout_s}")
         if not self.text_field or not isinstance(self.text_field, str):
             raise InputError(f"--text-field must be a non-empty name, got {self.text_field!r}")
+        if not isinstance(self.chat, ChatOptions):
+            raise InputError(f"chat must be a ChatOptions, got {type(self.chat).__name__}")
+        self.chat.check()
         from ..models.attention import check_attention
         from ..models.sharding import MODEL_AXIS_MODES, check_mode
 
@@ -98,9 +104,11 @@ class DumpConfig:
                   vocab_chunk: int = 0, **fields) -> "DumpConfig":
         """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
         ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
-        sampled selection only, ``data_seed`` for ``seed``."""
+        sampled selection only, ``data_seed`` for ``seed``, the conversation options as
+        ``ChatOptions.from_flat`` takes them."""
         sampled = fields.get("selection", "topk") == "sampled"
-        return cls(seed=data_seed, samples=samples if sampled else None,
+        chat = ChatOptions.from_flat(**{k: fields.pop(k) for k in CHAT_FLAT if k in fields})
+        return cls(seed=data_seed, chat=chat, samples=samples if sampled else None,
                    proposal_temperature=proposal_temperature if sampled else 1.0,
                    tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
                    tokenizer=tokenizer or None, model_parallel=model_parallel or None,
@@ -109,7 +117,8 @@ class DumpConfig:
     @property
     def inputs(self) -> dict:
         """The input paths by flag (outputs must not overlap them)."""
-        return {"--teacher": self.teacher, "--data": self.data, "--tokenizer": self.tokenizer}
+        return {"--teacher": self.teacher, "--data": self.data, "--tokenizer": self.tokenizer,
+                "--chat-template": self.chat.chat_template}
 
     def selection_settings(self) -> dict:
         """The manifest's selection fields."""

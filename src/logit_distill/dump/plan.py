@@ -82,11 +82,11 @@ def plan_dump(config: DumpConfig, *, num_processes: int = 1, available_examples:
         raise InputError(f"--top-k {config.top_k} exceeds the teacher's vocabulary of {vocab_size}")
     tokenizer = config.tokenizer or teacher_tokenizer
     data_identity = plan_identity(config.data, tokenizer, seq_len=config.seq_len, packing=config.packing,
-                                  seed=config.seed, text_field=config.text_field)
+                                  seed=config.seed, text_field=config.text_field, chat=config.chat)
     manifest = store_mod.build_manifest(
         seq_len=config.seq_len, top_k=config.top_k, vocab_size=vocab_size, codec=config.codec,
         num_steps=num_steps, examples_per_step=config.batch_size, steps_per_file=config.steps_per_file,
-        num_processes=num_processes, array_record_options=config.array_record_options,
+        num_processes=num_processes, array_record_options=config.array_record_options, masked=True,
         content={"teacher": teacher_identity, "teacher_dtype": config.dtype, "data": data_identity,
                  "selection": SELECTION_TEXT[config.selection]},
         **config.selection_settings(),

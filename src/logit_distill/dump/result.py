@@ -30,16 +30,21 @@ class DumpResult:
     elapsed_s: float
     complete: bool
     time_to_first_step_s: float | None = None  # from the call to the first new step handed to the writer
+    # documents (conversations) of the data left out for having no supervised token (None: the data was not read)
+    skipped_unsupervised: int | None = None
 
     def summary(self) -> str:
         return (f"{self.store}: {self.examples} examples of {self.positions // max(1, self.examples)} positions, "
                 f"{self.chunks_expected} chunks ({self.chunks_written} written now, resumed at step "
                 f"{self.resumed_from_step}), {self.store_bytes / 1e6:.1f} MB, {self.bytes_per_position:.1f} "
-                f"bytes/position, {self.tokens_per_s:.0f} positions/s")
+                f"bytes/position, {self.tokens_per_s:.0f} positions/s"
+                + (f"; {self.skipped_unsupervised} documents of the data skipped (no supervised token)"
+                   if self.skipped_unsupervised else ""))
 
 
 def dump_result(uri: str, manifest: dict, *, present: int, chunks_written: int, steps_run: int, resumed_from: int,
-                elapsed_compute: float, t_start: float, first_step_at: float | None) -> DumpResult:
+                elapsed_compute: float, t_start: float, first_step_at: float | None,
+                skipped_unsupervised: int | None = None) -> DumpResult:
     layout, L = manifest["layout"], manifest["shapes"]["seq_len"]
     B = layout["examples_per_step"]
     b = B // layout["num_processes"]
@@ -58,4 +63,5 @@ def dump_result(uri: str, manifest: dict, *, present: int, chunks_written: int, 
         tokens_per_s=steps_run * B * L / elapsed_compute if steps_run else 0.0,
         elapsed_s=time.perf_counter() - t_start, complete=final.complete,
         time_to_first_step_s=None if first_step_at is None else first_step_at - t_start,
+        skipped_unsupervised=skipped_unsupervised,
     )

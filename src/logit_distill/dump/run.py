@@ -93,7 +93,8 @@ def load_teacher_and_data(config: DumpConfig, mesh, *, plan: DumpPlan | None = N
         raise InputError(f"--seq-len {config.seq_len} exceeds the teacher's maximum of {teacher.max_seq_len} "
                          f"positions (max_position_embeddings in {config.teacher})")
     source = ExampleSource.open(config.data, config.tokenizer or teacher.tokenizer_path, seq_len=config.seq_len,
-                                packing=config.packing, seed=config.seed, text_field=config.text_field)
+                                packing=config.packing, seed=config.seed, text_field=config.text_field,
+                                chat=config.chat)
     source.check_vocab(teacher.vocab_size)
     if plan is None:  # the steps follow from the data
         plan = plan_dump(config, num_processes=num_processes, available_examples=len(source))
@@ -117,7 +118,7 @@ def _run(plan: DumpPlan, teacher, source, mesh, lease, t_start: float) -> DumpRe
     if process == 0:
         store_mod.remove_leftovers(uri, scan)
         if source.tokenizer is not None:  # the store keeps its tokenizer: students are checked against it
-            store_mod.put_tokenizer(uri, manifest, source.tokenizer)
+            store_mod.put_tokenizer(uri, manifest, source.tokenizer, chat_template=source.chat_template_text)
     barrier("logit-distill-dump-scan")
 
     todo = scan.steps_missing()
@@ -139,7 +140,7 @@ def _run(plan: DumpPlan, teacher, source, mesh, lease, t_start: float) -> DumpRe
     barrier("logit-distill-dump-done")
     return dump_result(uri, manifest, present=scan.num_present, chunks_written=len(committed), steps_run=steps_run,
                        resumed_from=resumed_from, elapsed_compute=elapsed_compute, t_start=t_start,
-                       first_step_at=first_step_at)
+                       first_step_at=first_step_at, skipped_unsupervised=source.skipped_unsupervised)
 
 
 def _run_steps(plan: DumpPlan, step_fn: TeacherStep, source, todo: list[int], mine: set[int], lease):

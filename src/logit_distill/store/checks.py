@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import codec as codec_mod
 from ..errors import NonFiniteError, StoreError
+from . import manifest as manifest_mod
 
 # Normalization tolerance: |logaddexp(logsumexp(top-k), tail)| (float32 log-softmax on device).
 NORM_ATOL = 5e-4
@@ -26,12 +27,34 @@ def norm_atol(codec: str) -> float:
     return NORM_ATOL + (codec_mod.LOGPROB_MAX_ERROR if codec == "default" else 0.0)
 
 
+def _only(found: dict, supervised) -> dict:
+    """The value checks restricted to the supervised positions (``supervised`` None: every position)."""
+    if supervised is None:
+        return found
+    return {kind: (mask & supervised if kind != "token_range" else mask, text) for kind, (mask, text) in found.items()}
+
+
+def mask_problems(loss_mask, segment_ids) -> dict:
+    """{check: (mask [n, L], text)} of a masked record's loss mask: a supervised position predicts a
+    token of its own document."""
+    outside = np.asarray(loss_mask, bool) & ~codec_mod.next_token_mask(segment_ids)
+    return {"mask_inside": (outside, "supervised position outside its document (padding, or a document's last "
+                                     "token)")}
+
+
 def topk_problems(ids, lp, tail, *, vocab: int, codec: str, tokens=None, tempered=None, distinct: bool = True,
-                  missing_tail_ok: bool = False) -> dict:
+                  missing_tail_ok: bool = False, supervised=None) -> dict:
     """{check: (mask [n, L], text)} for top-k records (``ids``/``lp`` ``[n, L, k]``, ``tail`` ``[n, L]``,
     ``tempered`` ``[n, L, m]``). ``distinct`` adds the repeated-id check (a sort of the ids);
     ``missing_tail_ok``: a tail at -inf or the codec floor counts as "not recorded", and the top-k mass
-    then need only not exceed 1."""
+    then need only not exceed 1. ``supervised`` (bool ``[n, L]``): the positions that hold values (a
+    masked store's loss masks); the value checks judge those only."""
+    return _only(_topk_problems(ids, lp, tail, vocab=vocab, codec=codec, tokens=tokens, tempered=tempered,
+                                distinct=distinct, missing_tail_ok=missing_tail_ok), supervised)
+
+
+def _topk_problems(ids, lp, tail, *, vocab: int, codec: str, tokens, tempered, distinct: bool,
+                   missing_tail_ok: bool) -> dict:
     atol = norm_atol(codec)
     positive = POSITIVE_ATOL + (codec_mod.LOGPROB_MAX_ERROR if codec == "default" else 0.0)
     out = {}
@@ -66,8 +89,14 @@ def topk_problems(ids, lp, tail, *, vocab: int, codec: str, tokens=None, tempere
 
 
 def sampled_problems(ids, counts, lp, *, vocab: int, num_samples: int, counts_sum_to_n: bool = True,
-                     tokens=None) -> dict:
-    """{check: (mask [n, L], text)} for sampled records (``[n, L, S]``, used slots first, zeros after)."""
+                     tokens=None, supervised=None) -> dict:
+    """{check: (mask [n, L], text)} for sampled records (``[n, L, S]``, used slots first, zeros after);
+    ``supervised`` as in ``topk_problems``."""
+    return _only(_sampled_problems(ids, counts, lp, vocab=vocab, num_samples=num_samples,
+                                   counts_sum_to_n=counts_sum_to_n, tokens=tokens), supervised)
+
+
+def _sampled_problems(ids, counts, lp, *, vocab: int, num_samples: int, counts_sum_to_n: bool, tokens) -> dict:
     used = counts > 0
     out = {}
     if tokens is not None:
@@ -94,17 +123,21 @@ class RecordCheck:
         self.vocab = int(manifest["shapes"]["vocab_size"])
         self.num_samples = int(manifest["shapes"].get("num_samples") or 0)
         self.codec = manifest["codec"]["name"]
+        self.masked = manifest_mod.masked_of(manifest)
 
     def problem(self, rec: dict) -> tuple[type, str, int] | None:
         """(error class, what, first bad position) of the record, or None when it is sound."""
+        supervised = rec["loss_mask"] if self.masked else None
         if "sample_ids" in rec:
             found = sampled_problems(rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"],
                                      vocab=self.vocab, num_samples=self.num_samples,
-                                     counts_sum_to_n=self.codec == "default")
+                                     counts_sum_to_n=self.codec == "default", supervised=supervised)
         else:
             found = topk_problems(rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"], vocab=self.vocab,
                                   codec=self.codec, tempered=rec.get("tail_logprob_tempered"), distinct=False,
-                                  missing_tail_ok=True)
+                                  missing_tail_ok=True, supervised=supervised)
+        if self.masked:
+            found.update(mask_problems(rec["loss_mask"], rec["segment_ids"]))
         ordered = sorted(found.items(), key=lambda kv: kv[0] not in NONFINITE)  # NaN first: exit 3
         for kind, (mask, text) in ordered:
             if mask.any():

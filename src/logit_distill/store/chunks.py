@@ -129,7 +129,7 @@ def _scan(store_uri: str, manifest: dict, files: list[dict] | None) -> ScanResul
     for f in sorted(files, key=operator.itemgetter("name")):
         name = f["name"]
         if name in (manifest_mod.MANIFEST_NAME, manifest_mod.TOKENIZER_NAME, manifest_mod.TOKENIZER_CONFIG_NAME,
-                    LEASE_NAME):
+                    manifest_mod.CHAT_TEMPLATE_NAME, LEASE_NAME):
             continue
         info = parse_chunk_name(name, f["size"])
         if info is None:

@@ -21,7 +21,8 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 # A copy of the tokenizer.json the data was tokenized with; its SHA-256 is content.data.tokenizer_sha256.
 TOKENIZER_NAME = "tokenizer.json"
-TOKENIZER_CONFIG_NAME = "tokenizer_config.json"  # beside it: the EOS token (and the chat template)
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"  # beside it: the EOS token
+CHAT_TEMPLATE_NAME = "chat_template.jinja"  # beside them: the template a chat data set was rendered with
 FINGERPRINTED = ("shapes", "codec", "layout", "content")
 DEFAULT_ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"
 
@@ -62,6 +63,7 @@ def build_manifest(
     proposal_temperature: float = 1.0,
     sample_seed: int = 0,
     tail_temperatures=(),
+    masked: bool = False,
 ) -> dict:
     """A complete manifest with its fingerprint. ``content`` holds teacher, data and other settings.
 
@@ -70,6 +72,9 @@ def build_manifest(
     ``top_k = N`` (the most distinct ids a position can hold); a top-k store
     may record ``tail_temperatures``. A plain top-k store has neither key, so
     its fingerprint is what it was before sampled stores existed.
+
+    ``masked``: records hold the teacher's values at supervised positions only (``shapes.masked``;
+    what the dump writes). A store without the key holds every position (the earlier layout).
     """
     if selection not in ("topk", "sampled"):
         raise ValueError(f"unknown selection {selection!r}; known: topk, sampled")
@@ -112,6 +117,8 @@ def build_manifest(
                       proposal_temperature=float(proposal_temperature), sample_seed=int(sample_seed))
     elif tail_temperatures:
         shapes["tail_temperatures"] = [float(T) for T in tail_temperatures]
+    if masked:
+        shapes["masked"] = True
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -183,6 +190,8 @@ def check_self_consistent(manifest: dict, where: str) -> None:
         elif shapes.get("selection") == "sampled" and (
                 int(shapes.get("num_samples", 0)) < 1 or int(shapes["top_k"]) != int(shapes["num_samples"])):
             problems.append("a sampled store needs shapes.num_samples >= 1 equal to shapes.top_k")
+        if shapes.get("masked", False) is not True and "masked" in shapes:
+            problems.append(f"shapes.masked must be true when present, got {shapes['masked']!r}")
         if codec_info.get("name") not in codec_mod.CODEC_IDS:
             problems.append(f"unknown codec {codec_info.get('name')!r}")
         elif codec_info["name"] == "default" and codec_info.get("id_bits") != codec_mod.id_bits_for(
@@ -198,6 +207,11 @@ def check_self_consistent(manifest: dict, where: str) -> None:
 def selection_of(manifest: dict) -> str:
     """``"sampled"`` or ``"topk"`` (stores without the key are top-k)."""
     return manifest["shapes"].get("selection", "topk")
+
+
+def masked_of(manifest: dict) -> bool:
+    """Whether the store's records hold the teacher's values at supervised positions only."""
+    return bool(manifest["shapes"].get("masked", False))
 
 
 def tail_temperatures_of(manifest: dict) -> list[float]:

@@ -130,8 +130,12 @@ class Store:
         chunk, record = self.locate(index)
         try:
             out = codec_mod.decode_record(data)
+            masked = codec_mod.decode_header(data)["masked"]
         except StoreError as e:
             raise StoreError(f"{self._chunk_uri(chunk)} record {record}: {e}") from None
+        if masked != manifest_mod.masked_of(self.manifest):
+            raise StoreError(f"{self._chunk_uri(chunk)} record {record} is {'' if masked else 'not '}masked; the "
+                             f"manifest says a store of {'supervised' if not masked else 'all'} positions")
         self._check_record(out, index, chunk, record)
         return out
 
@@ -244,7 +248,7 @@ class Store:
 
 def store_tokenizer(uri: str, manifest: dict, cache_dir: str | None = None) -> str | None:
     """A local path of the store's copy of its tokenizer.json, beside a tokenizer_config.json naming its EOS
-    token; None for stores without a copy (synthetic ones). The copy is checked against the manifest's
+    token (and the chat template of a chat data set); None for stores without a copy (synthetic ones). The copy is checked against the manifest's
     ``content.data.tokenizer_sha256``. A local store with both files is read in place; otherwise (a
     store on GCS, or one written before the config was kept, whose EOS id the manifest records) both
     files are written once into the store's local cache."""
@@ -255,6 +259,7 @@ def store_tokenizer(uri: str, manifest: dict, cache_dir: str | None = None) -> s
     if want is None or not paths.exists(tokenizer_uri):
         return None
     config_uri = paths.join(uri, manifest_mod.TOKENIZER_CONFIG_NAME)
+    template_uri = paths.join(uri, manifest_mod.CHAT_TEMPLATE_NAME)
     has_config = paths.exists(config_uri)
     if paths.is_local(uri) and has_config:
         _check_tokenizer_copy(tokenizer_uri, paths.read_bytes(tokenizer_uri), want)
@@ -275,6 +280,9 @@ def store_tokenizer(uri: str, manifest: dict, cache_dir: str | None = None) -> s
             config = json.dumps({"eos_token": eos}).encode()
         os.makedirs(folder, exist_ok=True)
         paths.write_bytes_atomic(os.path.join(folder, manifest_mod.TOKENIZER_CONFIG_NAME), config)
+        if paths.exists(template_uri):
+            paths.write_bytes_atomic(os.path.join(folder, manifest_mod.CHAT_TEMPLATE_NAME),
+                                     paths.read_bytes(template_uri))
         paths.write_bytes_atomic(path, data)  # last: its presence says the folder is whole
     return path
 

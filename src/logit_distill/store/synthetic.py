@@ -2,14 +2,16 @@
 
 Every record satisfies what verification checks: distinct ids, log-probs
 sorted descending, top-k mass plus tail mass equal to one; each row holds two
-documents and some padding. Cheap at any vocabulary size (no [L, V] logits).
+documents and some padding (and, in a masked store, a loss mask of supervised stretches). Cheap at any vocabulary size (no [L, V] logits).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..codec import next_token_mask
 from .layout import StoreLayout
+from .manifest import masked_of
 
 
 def synthetic_step(manifest: dict, step: int, process: int = 0, seed: int = 0) -> dict:
@@ -35,7 +37,7 @@ def synthetic_step(manifest: dict, step: int, process: int = 0, seed: int = 0) -
     tail_mass = rng.uniform(0.01, 0.3, size=(b, L)) if k < V else np.zeros((b, L))
     with np.errstate(divide="ignore"):
         tail = np.log(tail_mass)
-    return {
+    out = {
         "example_index": layout.step_examples(step, process),
         "tokens": tokens,
         "segment_ids": segment_ids,
@@ -44,3 +46,6 @@ def synthetic_step(manifest: dict, step: int, process: int = 0, seed: int = 0) -
         "topk_logprobs": (log_softmax + np.log1p(-tail_mass)[..., None]).astype(np.float32),
         "tail_logprob": tail.astype(np.float32),
     }
+    if masked_of(manifest):  # a masked store: supervised stretches of 4 positions, about half of them
+        out["loss_mask"] = next_token_mask(segment_ids) & np.repeat(rng.random((b, L // 4 + 1)) < 0.5, 4, -1)[:, :L]
+    return out

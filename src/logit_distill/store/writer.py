@@ -19,6 +19,7 @@ import threading
 import uuid
 from typing import Callable
 
+import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from .. import codec as codec_mod
@@ -84,7 +85,8 @@ def forget_unused_manifest(store_uri: str) -> None:
     try:
         names = [f["name"] for f in paths.list_files(store_uri, with_sizes=False)]
         if manifest_mod.MANIFEST_NAME in names and not any(n.startswith("chunk-") for n in names):
-            for name in (manifest_mod.TOKENIZER_NAME, manifest_mod.TOKENIZER_CONFIG_NAME):
+            for name in (manifest_mod.TOKENIZER_NAME, manifest_mod.TOKENIZER_CONFIG_NAME,
+                         manifest_mod.CHAT_TEMPLATE_NAME):
                 if name in names:  # first: a manifest alone is still a store
                     paths.remove(paths.join(store_uri, name))
             paths.remove(paths.join(store_uri, manifest_mod.MANIFEST_NAME))
@@ -104,10 +106,12 @@ def as_os_error(e: RuntimeError, path: str) -> BaseException:
     return e
 
 
-def put_tokenizer(store_uri: str, manifest: dict, tokenizer) -> bool:
+def put_tokenizer(store_uri: str, manifest: dict, tokenizer, chat_template: str | None = None) -> bool:
     """Keep a copy of the tokenizer the data was tokenized with in the store (once, atomically):
-    its tokenizer.json, and a tokenizer_config.json naming its EOS token (the rest of the original's
-    fields kept, e.g. a chat template), so that the store alone can tokenize data again.
+    its tokenizer.json, a tokenizer_config.json naming its EOS token (the rest of the original's
+    fields kept), and for conversations the chat template they were rendered with, as
+    chat_template.jinja (which a template in tokenizer_config.json yields to, as in transformers), so
+    that the store alone can render and tokenize the data again.
 
     ``tokenizer`` is a ``data.tokenizer.Tokenizer``; its tokenizer.json's SHA-256 must be the manifest's
     ``content.data.tokenizer_sha256``. Files already there are left as they are. Returns True when
@@ -122,7 +126,11 @@ def put_tokenizer(store_uri: str, manifest: dict, tokenizer) -> bool:
         return False
     uri = paths.join(store_uri, manifest_mod.TOKENIZER_NAME)
     config_uri = paths.join(store_uri, manifest_mod.TOKENIZER_CONFIG_NAME)
+    template_uri = paths.join(store_uri, manifest_mod.CHAT_TEMPLATE_NAME)
     wrote = False
+    if chat_template is not None and not paths.exists(template_uri):  # first: the tokenizer.json comes last
+        paths.write_bytes_atomic(template_uri, chat_template.encode("utf-8"))
+        wrote = True
     if not paths.exists(config_uri):  # first: a tokenizer.json alone is a copy of an earlier version
         original = posixpath.join(posixpath.dirname(tokenizer.path), manifest_mod.TOKENIZER_CONFIG_NAME)
         config = json.loads(paths.read_bytes(original)) if paths.exists(original) else {}
@@ -212,6 +220,7 @@ def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[byte
     if selection == "topk" and not manifest_mod.tail_temperatures_of(manifest):
         fields = tuple(f for f in fields if f != "tail_logprob_tempered")
     extra = {"num_samples": manifest["shapes"]["num_samples"]} if selection == "sampled" else {}
+    masked = manifest_mod.masked_of(manifest)
     out = []
     for i in range(len(step_records["example_index"])):
         out.append(codec_mod.encode_record(
@@ -224,6 +233,7 @@ def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[byte
             store_tag=store_tag,
             **{key: step_records[key][i] for key in fields},
             **extra,
+            loss_mask=np.asarray(step_records["loss_mask"][i], bool) if masked else None,
         ))
     return out
 
@@ -236,7 +246,7 @@ class BackgroundWriter:
 
     ``submit(step, records)`` hands over one step's examples (numpy arrays with
     a leading example axis: example_index, tokens, segment_ids, positions,
-    topk_ids, topk_logprobs, tail_logprob). Steps of a chunk must come in
+    the selection's fields, and loss_mask for a masked store). Steps of a chunk must come in
     order and complete; a chunk is committed as soon as its last step is
     written. At most ``max_pending_steps`` steps wait for encoding and at most
     ``max_pending_chunks`` written chunks wait for their commit (upload):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..data import ChatOptions
 from ..errors import InputError
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from .losses import KINDS, representation
@@ -38,6 +39,8 @@ class TrainConfig:
     data_seed: int = 0  # online: the ExampleSource order seed, as given to the dump (also keys the draws)
     num_examples: int | None = None  # online: use the first n examples of the data
     text_field: str | None = None  # JSONL field of --data / --eval-data (default: the store's, else "text")
+    # how conversations in --data / --eval-data are read, rendered and masked (None: the store's, else defaults)
+    chat: ChatOptions | None = None
     # optimization
     learning_rate: float = 3e-4
     warmup_steps: int | None = None  # default min(100, num_steps // 10)
@@ -97,7 +100,8 @@ class TrainConfig:
     def inputs(self) -> dict:
         """The input paths by flag (the output must not overlap them)."""
         return {"--store": self.store, "--teacher": self.teacher, "--data": self.data, "--student": self.student,
-                "--eval-data": self.eval_data, "--eval-teacher": self.eval_teacher, "--eval-store": self.eval_store}
+                "--eval-data": self.eval_data, "--eval-teacher": self.eval_teacher, "--eval-store": self.eval_store,
+                "--chat-template": self.chat.chat_template if self.chat else None}
 
     def check(self) -> "TrainConfig":
         """Every setting on its own and against the others (nothing is read); InputError naming the flag."""
@@ -130,6 +134,13 @@ class TrainConfig:
         self._check_eval()
         if self.text_field is not None and (not isinstance(self.text_field, str) or not self.text_field):
             raise InputError(f"--text-field must be a non-empty name, got {self.text_field!r}")
+        if self.chat is not None:
+            if not isinstance(self.chat, ChatOptions):
+                raise InputError(f"chat must be a ChatOptions, got {type(self.chat).__name__}")
+            if not self.online and self.eval_data is None:
+                raise InputError("the chat options apply to --data (online) and --eval-data; a store records the "
+                                 "options its data was read with: give --eval-data or drop them")
+            self.chat.check()
         self._check_mode()
         return self
 

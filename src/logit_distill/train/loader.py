@@ -26,8 +26,9 @@ import numpy as np
 from .. import codec as codec_mod
 from ..errors import InputError
 
-# Fields a training batch carries (the store also has example_index, store_tag, token_hash).
-MODEL_FIELDS = ("tokens", "segment_ids", "positions")
+# Fields a training batch carries (the store also has example_index, store_tag, token_hash): the
+# model's inputs and the loss mask (the supervised positions: every KD and CE term is over them).
+MODEL_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask")
 TEACHER_FIELDS = tuple(f for fields in codec_mod.SELECTION_FIELDS.values() for f in fields)
 SAMPLE_FIELDS = codec_mod.SELECTION_FIELDS["sampled"]
 
@@ -151,8 +152,7 @@ def require_tail_mass(store, sample: int = 16) -> None:
     floor = codec_mod.LOGPROB_FLOOR
     for i in range(min(sample, len(store))):
         rec = store[i]
-        valid = rec["segment_ids"] != 0
-        tail = rec["tail_logprob"][valid]
+        tail = rec["tail_logprob"][rec["loss_mask"]]  # a masked record holds values there only
         if tail.size and np.any(np.isfinite(tail) & (tail > floor)):
             return
     raise InputError(

@@ -4,7 +4,9 @@ All functions are pure ``jax.numpy``, jit-able and differentiable with respect
 to the student ``logits``. Shapes follow the logit store: ``[B, L]`` per
 position, ``[B, L, k]`` per top-k entry and ``[B, L, V]`` for student logits.
 Teacher position ``j`` describes the token at ``j + 1``; see
-:func:`next_token_mask` for which positions count.
+:func:`next_token_mask` and :func:`training_mask` for which positions count
+(a batch's ``loss_mask``, e.g. the assistant's tokens of a conversation,
+narrows them).
 
 Logits may be bfloat16; everything is computed in float32.
 
@@ -55,6 +57,7 @@ __all__ = [
     "representation",
     "next_token_mask",
     "next_token_targets",
+    "training_mask",
     "topk_kl_per_token",
     "topk_tail_kl_per_token",
     "topk_tail_divergence_per_token",
@@ -89,6 +92,16 @@ def next_token_mask(segment_ids: jax.Array) -> jax.Array:
     seg = jnp.asarray(segment_ids)
     same_next = (seg[:, :-1] != 0) & (seg[:, 1:] == seg[:, :-1])
     return jnp.concatenate([same_next, jnp.zeros_like(seg[:, :1], dtype=bool)], axis=1)
+
+
+def training_mask(batch: Mapping[str, Any]) -> jax.Array:
+    """bool ``[B, L]``: the positions KD and CE are computed over, ``next_token_mask(segment_ids) &
+    loss_mask`` (the batch's supervised positions: a conversation's assistant tokens; without a
+    ``loss_mask``, every next-token position)."""
+    mask = next_token_mask(batch["segment_ids"])
+    if "loss_mask" in batch:
+        mask = mask & jnp.asarray(batch["loss_mask"], bool)
+    return mask
 
 
 def next_token_targets(tokens: jax.Array) -> jax.Array:
@@ -554,7 +567,8 @@ def distill_loss(
 ):
     """``loss = alpha * kd + (1 - alpha) * ce``; returns ``(loss, metrics)``.
 
-    ``batch`` holds ``tokens``, ``segment_ids`` and (unless ``alpha`` is a
+    ``batch`` holds ``tokens``, ``segment_ids``, optionally ``loss_mask`` (the
+    positions that count are :func:`training_mask`'s) and (unless ``alpha`` is a
     Python/NumPy 0) the teacher fields of ``kind`` (``FIELDS``, one of
     ``ALL_KINDS``): ``topk_ids``, ``topk_logprobs`` and, for ``topk_tail_*``,
     ``tail_logprob`` (plus ``tail_logprob_tempered`` at T != 1, required);
@@ -581,7 +595,7 @@ def distill_loss(
         raise InputError(f"alpha must be in [0, 1], got {alpha!r}")
     divergences.check_parameters(KIND_PARTS[kind][1], beta=beta, skew=skew)
 
-    mask = next_token_mask(batch["segment_ids"])
+    mask = training_mask(batch)
     ce, count = cross_entropy(logits, batch["tokens"], mask)
 
     needed = FIELDS[kind]
@@ -617,17 +631,19 @@ def distill_loss(
 # ------------------------------------------------------- gradient accumulation
 
 
-def accumulation_scales(segment_ids_list) -> list:
+def accumulation_scales(batches) -> list:
     """Loss scales that make ``optax.MultiSteps`` token-weighted.
 
     MultiSteps averages the gradients of ``n`` micro-batches, each the gradient
-    of a mean over that micro-batch's valid tokens ``c_i``. Scaling micro-batch
-    ``i``'s loss by ``n * c_i / sum_j c_j`` turns the average into the gradient
-    of (sum of per-token losses over all micro-batches) / (their total valid
-    tokens), as if they were one batch. Returns float32 scalars (traced-safe:
-    global arrays give global counts).
+    of a mean over that micro-batch's trained tokens ``c_i`` (its
+    :func:`training_mask`: supervised tokens only). Scaling micro-batch ``i``'s
+    loss by ``n * c_i / sum_j c_j`` turns the average into the gradient of (sum
+    of per-token losses over all micro-batches) / (their total trained tokens),
+    as if they were one batch. ``batches``: the micro-batches (mappings with
+    ``segment_ids`` and optionally ``loss_mask``). Returns float32 scalars
+    (traced-safe: global arrays give global counts).
     """
-    counts = [jnp.sum(next_token_mask(s), dtype=jnp.int32).astype(jnp.float32) for s in segment_ids_list]
+    counts = [jnp.sum(training_mask(b), dtype=jnp.int32).astype(jnp.float32) for b in batches]
     total = sum(counts)
     n = len(counts)
     return [jnp.where(total > 0, n * c / jnp.maximum(total, 1.0), 1.0) for c in counts]

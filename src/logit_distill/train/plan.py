@@ -92,9 +92,13 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
     if config.eval_data is not None:
         from .evaluate import open_eval_data
 
-        eval_examples = open_eval_data(config.eval_data, tokenizer_path, seq_len=source.seq_len,
+        # Held-out data is read as the training data was: the data's tokenizer folder (its chat template and
+        # EOS; the student's tokenizer.json is the same unless a mismatch was allowed) and its chat options.
+        eval_tokenizer = tokenizer_path if config.allow_tokenizer_mismatch else source.tokenizer_file or tokenizer_path
+        eval_examples = open_eval_data(config.eval_data, eval_tokenizer, seq_len=source.seq_len,
                                        packing=source.packing, vocab_size=student.vocab_size,
-                                       text_field=config.text_field or source.text_field)
+                                       text_field=config.text_field or source.text_field,
+                                       chat=config.chat or source.chat)
     eval_reference = None
     if config.eval_teacher is not None or config.eval_store is not None:
         from .teacher_eval import open_eval_reference

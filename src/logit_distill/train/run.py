@@ -137,8 +137,8 @@ class _Run:
     def step(self, alpha: float, metrics: StepMetrics) -> list:
         """One optimizer step (``grad_accum`` micro-steps); the device metrics of each micro-step."""
         batches = [self.next_batch(metrics) for _ in range(self.grad_accum)]
-        # Token-weighted accumulation: micro-batch i's loss is scaled by n * c_i / sum(c).
-        scales = (accumulation_scales([b["segment_ids"] for b in batches]) if self.grad_accum > 1
+        # Token-weighted accumulation: micro-batch i's loss is scaled by n * c_i / sum(c), c its supervised tokens.
+        scales = (accumulation_scales(batches) if self.grad_accum > 1
                   else [jnp.float32(1.0)])
         micro = []
         alpha_arr = jnp.asarray(alpha, jnp.float32)

@@ -30,6 +30,7 @@ class TrainSource:
     seq_len: int
     packing: bool
     text_field: str  # of the data (and the default of --eval-data's)
+    chat: Any  # ChatOptions the data was read with (and --eval-data is read with, unless the config gives its own)
     tokenizer_file: str | None  # local tokenizer.json the data was tokenized with
     tokenizer_sha256: str | None
     identity: dict  # the data's part of the run's identity (train_config.json)
@@ -116,6 +117,7 @@ def open_source(config: TrainConfig) -> TrainSource:
 
 
 def _offline(config: TrainConfig) -> TrainSource:
+    from ..data import ChatOptions
     from ..store import manifest as manifest_mod
     from ..store import open_store
 
@@ -127,7 +129,8 @@ def _offline(config: TrainConfig) -> TrainSource:
         mode="offline", records=store, where=f"store {config.store}", selection=manifest_mod.selection_of(manifest),
         top_k=int(shapes["top_k"]), vocab_size=int(shapes["vocab_size"]), seq_len=int(shapes["seq_len"]),
         packing=bool(data.get("packing", True)), text_field=config.text_field or data.get("text_field") or "text",
-        tokenizer_file=store.tokenizer_file(), tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
+        chat=ChatOptions.from_identity(data.get("chat")), tokenizer_file=store.tokenizer_file(),
+        tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
         identity={"mode": "offline", "store_fingerprint": manifest["fingerprint"]}, manifest=manifest,
         num_examples=len(store),
     )
@@ -136,6 +139,7 @@ def _offline(config: TrainConfig) -> TrainSource:
 def planned_source(config: TrainConfig, manifest: dict, tokenizer_file: str | None) -> TrainSource:
     """The source a store of ``manifest`` will be once dumped (a dump's plan): what training on it can be
     checked against before the store exists (``records`` is None; a pipeline's preflight)."""
+    from ..data import ChatOptions
     from ..store import manifest as manifest_mod
 
     shapes, data = manifest["shapes"], manifest.get("content", {}).get("data", {})
@@ -143,14 +147,14 @@ def planned_source(config: TrainConfig, manifest: dict, tokenizer_file: str | No
         mode="offline", records=None, where=f"store {config.store}", selection=manifest_mod.selection_of(manifest),
         top_k=int(shapes["top_k"]), vocab_size=int(shapes["vocab_size"]), seq_len=int(shapes["seq_len"]),
         packing=bool(data.get("packing", True)), text_field=config.text_field or data.get("text_field") or "text",
-        tokenizer_file=tokenizer_file, tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
+        chat=ChatOptions.from_identity(data.get("chat")), tokenizer_file=tokenizer_file, tokenizer_sha256=manifest_mod.tokenizer_sha256(manifest),
         identity={"mode": "offline", "store_fingerprint": manifest["fingerprint"]}, manifest=manifest,
         num_examples=manifest_mod.num_examples(manifest),
     )
 
 
 def _online(config: TrainConfig) -> TrainSource:
-    from ..data import ExampleSource
+    from ..data import ChatOptions, ExampleSource
     from ..models import describe_model
 
     hf_config, teacher_identity, teacher_tokenizer = describe_model(config.teacher)
@@ -166,14 +170,16 @@ def _online(config: TrainConfig) -> TrainSource:
     max_len = int(hf_config.get("max_position_embeddings") or 0)
     if max_len and config.seq_len > max_len:
         raise InputError(f"--seq-len {config.seq_len} exceeds the teacher's maximum of {max_len} positions")
+    chat = config.chat or ChatOptions()
     examples = ExampleSource.open(config.data, teacher_tokenizer, seq_len=int(config.seq_len),
-                                  packing=bool(config.packing), seed=int(config.data_seed), text_field=text_field)
+                                  packing=bool(config.packing), seed=int(config.data_seed), text_field=text_field,
+                                  chat=chat)
     examples.check_vocab(V)
     records = loader.OnlineSource(examples, config.num_examples)
     return TrainSource(
         mode="online", records=records, where=f"teacher {config.teacher}",
         selection="sampled" if config.samples is not None else "topk", top_k=top_k, vocab_size=V,
-        seq_len=int(config.seq_len), packing=bool(config.packing), text_field=text_field,
+        seq_len=int(config.seq_len), packing=bool(config.packing), text_field=text_field, chat=chat,
         tokenizer_file=teacher_tokenizer, tokenizer_sha256=examples.identity.get("tokenizer_sha256"),
         identity={"mode": "online", "teacher": teacher_identity, "data": examples.identity, "top_k": top_k,
                   "num_examples": len(records)},

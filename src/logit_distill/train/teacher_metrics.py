@@ -84,9 +84,9 @@ def per_position(student_logits, teacher: dict, *, k: int = 64) -> dict:
                                  teacher["sample_logprobs"])}
 
 
-def sums(values: dict, segment_ids) -> dict:
-    """Sums of each ``[B, L]`` value over the next-token mask, and ``count`` (positions)."""
-    mask = losses.next_token_mask(segment_ids)
+def sums(values: dict, mask) -> dict:
+    """Sums of each ``[B, L]`` value over ``mask`` (bool ``[B, L]``: the supervised positions,
+    ``losses.training_mask``), and ``count`` (positions)."""
     out = {name: jnp.sum(jnp.where(mask, v, 0.0)) for name, v in values.items()}
     out["count"] = jnp.sum(mask, dtype=jnp.int32)
     return out

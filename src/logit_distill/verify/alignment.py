@@ -36,7 +36,10 @@ def _sample(ctx: _Ctx, present: list[chunks_mod.ChunkInfo], count: int, seed: in
 
 
 def _prepare_source(manifest: dict, data: str, tokenizer: str | None):
-    from ..data import ExampleSource
+    """The data pipeline of the store's manifest over ``data``: its order, length, packing, text field and
+    chat options (conversations are rendered with the template of ``tokenizer``'s folder: the store's copy
+    by default)."""
+    from ..data import ChatOptions, ExampleSource
 
     content = manifest.get("content") or {}
     want = content.get("data") if isinstance(content, dict) else None
@@ -46,6 +49,7 @@ def _prepare_source(manifest: dict, data: str, tokenizer: str | None):
     source = ExampleSource.open(
         data, tokenizer, seq_len=manifest["shapes"]["seq_len"], packing=bool(want.get("packing", True)),
         seed=int(want.get("seed", 0)), text_field=want.get("text_field") or "text",
+        chat=ChatOptions.from_identity(want.get("chat")),
         fresh=True,  # re-derive what is checked: no hash or token cache is trusted
     )
     return source, want
@@ -61,6 +65,10 @@ def _check_data(ctx: _Ctx, source, want: dict, samples: list, kept: dict, chk: _
     needed = ctx.layout.num_examples
     if len(source) < needed:
         chk.add("length", f"--data gives {len(source)} examples, the store holds {needed}")
+    from ..store import manifest as manifest_mod
+
+    # A masked store's records carry the supervised positions the dump was given: they must be the data's.
+    fields = ("tokens", "segment_ids", "positions") + (("loss_mask",) if manifest_mod.masked_of(ctx.manifest) else ())
     checked = mismatched = 0
     for g, chunk, record in samples:
         if g not in kept:
@@ -70,7 +78,7 @@ def _check_data(ctx: _Ctx, source, want: dict, samples: list, kept: dict, chk: _
             continue
         want_ex = source[g]
         checked += 1
-        for key in ("tokens", "segment_ids", "positions"):
+        for key in fields:
             diff = np.flatnonzero(want_ex[key] != rec[key])
             if diff.size:
                 mismatched += 1
@@ -79,7 +87,9 @@ def _check_data(ctx: _Ctx, source, want: dict, samples: list, kept: dict, chk: _
                         chunk=chunk.name, record=record, example=g, field=key)
                 break
     chk.details.update(examples_compared=checked, examples_mismatched=mismatched, identity_differs=differ)
-    chk.ok_message = f"{checked} sampled examples equal the data pipeline's; data identity matches the manifest"
+    what = "tokens and supervision masks" if "loss_mask" in fields else "tokens"
+    chk.ok_message = (f"{checked} sampled examples' {what} equal the data pipeline's; data identity matches the "
+                      "manifest")
 
 
 def _prepare_teacher(manifest: dict, teacher: str):
@@ -121,7 +131,8 @@ def _sampled_spot_fn(apply):
 
 
 def _report_mismatch(ctx: _Ctx, chk: _Check, chunk, record: int, example: int, err, bound: float) -> int:
-    """Name the first position of one record whose error ``err`` [L] exceeds ``bound``; the count of them."""
+    """Name the first position of one record whose error ``err`` [L] exceeds ``bound`` (positions without
+    values, outside a masked record's mask, are 0); the count of them."""
     bad = np.flatnonzero(err > bound)
     if bad.size:
         pos = int(bad[0])
@@ -131,6 +142,13 @@ def _report_mismatch(ctx: _Ctx, chk: _Check, chunk, record: int, example: int, e
                             "misaligned with the tokens, or another teacher",
                 chunk=chunk.name, record=record, example=example, position=pos)
     return int(bad.size)
+
+
+def _held(ctx: _Ctx, rec: dict) -> np.ndarray:
+    """bool [L]: the positions whose teacher values the record holds (a masked store's supervised ones)."""
+    from ..store import manifest as manifest_mod
+
+    return rec["loss_mask"] if manifest_mod.masked_of(ctx.manifest) else np.ones(ctx.seq_len, bool)
 
 
 def _check_teacher_sampled(ctx: _Ctx, loaded, todo: list, kept: dict, atol: float | None, chk: _Check) -> None:
@@ -157,6 +175,7 @@ def _check_teacher_sampled(ctx: _Ctx, loaded, todo: list, kept: dict, atol: floa
             with np.errstate(invalid="ignore"):
                 d = np.where(used[j], np.abs(lps[j] - np.maximum(out[j], floor)), 0.0)
             err = np.where(np.isnan(d), np.inf, d).max(-1)
+            err = np.where(_held(ctx, recs[j]), err, 0.0)
             max_err = max(max_err, float(err.max()))
             positions_bad += _report_mismatch(ctx, chk, chunk, record, g, err, bound)
     chk.details.update(examples_compared=len(todo), bound=bound, max_abs_error=max_err,
@@ -208,8 +227,10 @@ def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | N
                 d_tail = np.where(stack["tail_logprob"][j] == t_tail, 0.0, np.abs(stack["tail_logprob"][j] - t_tail))
             err = np.maximum(np.maximum(d_value, d_ids).max(-1), d_tail)
             err = np.where(np.isnan(err), np.inf, err)
-            id_agree += int((stack["topk_ids"][j] == out["topk_ids"][j]).sum())
-            id_total += stack["topk_ids"][j].size
+            held = _held(ctx, recs[j])
+            err = np.where(held, err, 0.0)
+            id_agree += int((stack["topk_ids"][j] == out["topk_ids"][j])[held].sum())
+            id_total += stack["topk_ids"][j][held].size
             max_err = max(max_err, float(err.max()))
             positions_bad += _report_mismatch(ctx, chk, chunk, record, g, err, bound)
     chk.details.update(examples_compared=len(todo), bound=bound, max_abs_error=max_err,

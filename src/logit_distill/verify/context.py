@@ -26,6 +26,7 @@ class _Ctx:
     tag: int
     on_records: Any  # progress callback(n)
     wanted: dict  # chunk name -> {record: global index} kept for the data / teacher checks
+    masked: bool = False  # records hold the teacher's values at supervised positions only
 
     def global_index(self, chunk: chunks_mod.ChunkInfo, record) -> Any:
         """Global example index of record(s) ``record`` of ``chunk`` (works on arrays)."""
@@ -47,4 +48,4 @@ class _ChunkResult:
     records: _Check = dataclasses.field(default_factory=lambda: _Check("records"))
     kept: dict = dataclasses.field(default_factory=dict)  # global index -> (record dict, record no)
     sums: dict = dataclasses.field(default_factory=lambda: {
-        "positions": 0, "tokens": 0, "entropy": 0.0, "topk_mass": 0.0})
+        "positions": 0, "tokens": 0, "supervised": 0, "entropy": 0.0, "topk_mass": 0.0})

@@ -39,6 +39,7 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
     tail = np.zeros((n, L), np.float32)
     tokens = np.zeros((n, L), np.int32)
     seg = np.zeros((n, L), np.int32)
+    loss_mask = np.zeros((n, L), bool)
     index = np.zeros(n, np.int64)
     tags = np.zeros(n, np.int64)
     ok = np.ones(n, bool)
@@ -53,7 +54,7 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
             h = codec_mod.decode_header(raw)
             bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
                 ("codec", ctx.codec), ("selection", "topk"), ("seq_len", L), ("top_k", k), ("id_bits", ctx.id_bits),
-                ("aux", m)) if h[key] != want]
+                ("aux", m), ("masked", ctx.masked)) if h[key] != want]
             if bad:
                 chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
                         **where(i))
@@ -77,7 +78,7 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         ids[i], lp[i], tail[i] = rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"]
         if m:
             kept_tempered[i] = rec["tail_logprob_tempered"]
-        tokens[i], seg[i] = rec["tokens"], rec["segment_ids"]
+        tokens[i], seg[i], loss_mask[i] = rec["tokens"], rec["segment_ids"], rec["loss_mask"]
         index[i], tags[i] = int(rec["example_index"]), int(rec["store_tag"])
         g = wanted.get(first + i)
         if g is not None:
@@ -95,7 +96,12 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
 
     # Position-level checks (store/checks.py): [n, L] masks, few passes over the [n, L, k] arrays.
     tempered_all = np.stack([kept_tempered.get(i, np.zeros((L, m), np.float32)) for i in range(n)]) if m else None
-    per_position = checks.topk_problems(ids, lp, tail, vocab=V, codec=ctx.codec, tokens=tokens, tempered=tempered_all)
+    # A masked store holds values at supervised positions only: those are judged, and the mask itself.
+    supervised = loss_mask if ctx.masked else None
+    per_position = checks.topk_problems(ids, lp, tail, vocab=V, codec=ctx.codec, tokens=tokens, tempered=tempered_all,
+                                        supervised=supervised)
+    if ctx.masked:
+        per_position.update(checks.mask_problems(loss_mask, seg))
     any_bad = np.zeros((n, L), bool)
     for mask, _ in per_position.values():
         any_bad |= mask
@@ -108,13 +114,14 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
     with np.errstate(all="ignore"):
         p = np.exp(lp)
         mass = p.sum(-1)
-        # Figures over real tokens (segment_ids != 0) of decodable records whose position passed.
-        # Entropy estimate from the top-k: -sum p log p over the top-k, plus -P_tail log P_tail
-        # (the tail as one outcome): a lower bound of the teacher's entropy.
-        use = (seg != 0) & ~any_bad & ok[:, None]
+        # Figures over real tokens (segment_ids != 0; a masked store's supervised ones) of decodable records
+        # whose position passed. Entropy estimate from the top-k: -sum p log p over the top-k, plus
+        # -P_tail log P_tail (the tail as one outcome): a lower bound of the teacher's entropy.
+        use = (loss_mask if ctx.masked else seg != 0) & ~any_bad & ok[:, None]
         ent = -np.vecdot(p, lp) - np.exp(tail) * np.where(np.isfinite(tail), tail, 0.0)
         res.sums["positions"] += int(ok.sum()) * L
         res.sums["tokens"] += int(use.sum())
+        res.sums["supervised"] += int(loss_mask[ok].sum())
         res.sums["entropy"] += float(ent[use].sum(dtype=np.float64))
         res.sums["topk_mass"] += float(mass[use].sum(dtype=np.float64))
     res.records_checked += int(ok.sum())
@@ -137,7 +144,7 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
             h = codec_mod.decode_header(raw)
             bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
                 ("codec", ctx.codec), ("selection", "sampled"), ("seq_len", L), ("id_bits", ctx.id_bits),
-                ("top_k", N), ("aux", 0)) if h[key] != want]
+                ("top_k", N), ("aux", 0), ("masked", ctx.masked)) if h[key] != want]
             if bad:
                 chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
                         **where(i))
@@ -159,7 +166,10 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
                     **where(i))
         ids, counts, lp = rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"]
         used = counts > 0
-        per_position = checks.sampled_problems(ids, counts, lp, vocab=V, num_samples=N, tokens=rec["tokens"])
+        per_position = checks.sampled_problems(ids, counts, lp, vocab=V, num_samples=N, tokens=rec["tokens"],
+                                               supervised=rec["loss_mask"] if ctx.masked else None)
+        if ctx.masked:
+            per_position.update(checks.mask_problems(rec["loss_mask"], rec["segment_ids"]))
         for kind, (mask, text) in per_position.items():
             if mask.any():
                 pos = int(np.argmax(mask))
@@ -167,7 +177,8 @@ def _check_sampled_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _
         g = wanted.get(first + i)
         if g is not None:
             res.kept[g] = (rec, first + i)
-        real = rec["segment_ids"] != 0
+        real = rec["loss_mask"] if ctx.masked else rec["segment_ids"] != 0
+        res.sums["supervised"] += int(rec["loss_mask"].sum())
         # Entropy estimate: the mean of -log p over the draws (unbiased at proposal temperature 1).
         w = counts / max(N, 1)
         res.sums["tokens"] += int(real.sum())

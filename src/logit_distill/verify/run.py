@@ -91,6 +91,7 @@ def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
         id_bits=32 if codec_name == "exact" else codec_mod.id_bits_for(shapes["vocab_size"]),
         layout=StoreLayout.of(manifest),
         tag=manifest_mod.store_tag(manifest), on_records=lambda n: None, wanted={},
+        masked=manifest_mod.masked_of(manifest),
     )
     # Every well-named chunk of this store is read, duplicates included; foreign ones are not.
     to_read = sorted([c for g in scan.duplicates for c in g[1:]] + list(scan.chunks.values()),
@@ -109,7 +110,7 @@ def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
     results = _read_chunks(ctx, to_read, config)
     integrity, records = checks["integrity"], checks["records"]
     kept: dict = {}
-    sums = {"positions": 0, "tokens": 0, "entropy": 0.0, "topk_mass": 0.0}
+    sums = {"positions": 0, "tokens": 0, "supervised": 0, "entropy": 0.0, "topk_mass": 0.0}
     num_bytes = checked = 0
     for res in results:
         for kind, message, where in res.integrity:
@@ -124,7 +125,9 @@ def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
     integrity.ok_message = f"{len(to_read)} chunks: checksums match, readable, expected record counts"
     records.details = {"records_checked": checked}
     records.ok_message = (f"{checked} records: header, shapes, dtypes, ids, sorted finite log-probs, normalization, "
-                          "example index, store tag, token hash")
+                          "example index, store tag, token hash"
+                          + (f"; values at the {sums['supervised']} supervised positions only, every mask inside "
+                             "its documents" if ctx.masked else ""))
     if not to_read:
         integrity.skip("no committed chunk to check")
         records.skip("no committed chunk to check")
@@ -137,8 +140,10 @@ def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
         chunks_expected=scan.num_expected,
         positions=sums["positions"],
         tokens=sums["tokens"],
+        supervised_positions=sums["supervised"],
         bytes=num_bytes,
-        bytes_per_entry=num_bytes / max(1, sums["positions"] * k) if checked else float("nan"),
+        bytes_per_entry=num_bytes / max(1, (sums["supervised"] if ctx.masked else sums["positions"]) * k)
+        if checked else float("nan"),
         seq_len=shapes["seq_len"],
         top_k=k,
         vocab_size=shapes["vocab_size"],
