@@ -167,10 +167,10 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
         "=" * 72,
         f"logit-distill demo: done in {elapsed:.0f} s",
         f"  store            {plan.get('store_uri')}",
-        *([f"                   {dm.get('examples')} examples, {dm.get('tokens')} tokens, {dm.get('store_mb')} MB, "
+        *([f"                   {dm.get('examples')} examples, {dm.get('positions')} positions, {dm.get('store_mb')} MB, "
            f"{dm.get('bytes_per_entry')} bytes per entry (top-{PIPELINE_ARGS['top_k']})",
            f"                   resumed from step {dm.get('resumed_from_step')}, "
-           f"{dm.get('chunks_written_this_attempt')} chunks written now, {dm.get('tokens_per_s')} tokens/s"]
+           f"{dm.get('chunks_written_this_attempt')} chunks written now, {dm.get('tokens_per_s')} positions/s"]
           if dm else ["                   complete already: the dump was skipped (no teacher loaded)"]),
         f"  verification     {'PASSED' if verify.get('Output') else 'FAILED'} "
         f"(teacher entropy >= {vm.get('teacher_entropy_lower_bound_nats', float('nan')):.3f} nats, "

@@ -8,8 +8,8 @@ import os
 import re
 import tomllib
 from importlib import metadata
-import pytest
 
+import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
