@@ -561,7 +561,7 @@ def main(argv=None) -> int:
     the table as JSON (bench.run --only fidelity writes it to bench/results.json)."""
     import argparse
 
-    from .run import SIZES
+    from .sizes import SIZES
 
     p = argparse.ArgumentParser(prog="python -m bench.fidelity_bench")
     p.add_argument("--rows", default=None)

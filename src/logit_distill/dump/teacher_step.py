@@ -82,7 +82,7 @@ class TeacherStep:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         from ..models import decoder, shard_params
-        from ..models.sharding import expert_mesh_for
+        from ..models.moe import expert_mesh_for
         from ..selection import NONFINITE_KEY, make_teacher_sampled, make_teacher_topk, with_finite_check
 
         self.mesh = mesh

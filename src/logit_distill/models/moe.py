@@ -252,6 +252,20 @@ def routed_experts(moe: MoeConfig, p: dict, x, impl: str, expert_offset=0):
     return jnp.einsum("nkd,nk->nd", y, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def expert_mesh_for(mesh: jax.sharding.Mesh, mode: str) -> ExpertMesh | None:
+    """How the MoE blocks run on ``mesh`` in a sharded ``mode`` (``ExpertMesh``): split over the
+    batch (axis ``data``), and the experts over ``model`` in the modes that split them; None for
+    ``replicate`` (each device then runs whole examples with every expert)."""
+    from .sharding import MODEL_AXIS, MODEL_AXIS_MODES, check_mode
+
+    check_mode(mode)
+    if mode == "replicate":
+        return None
+    data = "data" if "data" in mesh.axis_names else None
+    experts = MODEL_AXIS if mode in MODEL_AXIS_MODES and MODEL_AXIS in mesh.axis_names else None
+    return ExpertMesh(mesh, data_axis=data, expert_axis=experts)
+
+
 def block(moe: MoeConfig, p: dict, x, impl: str = "auto", expert_mesh: ExpertMesh | None = None,
           shared=None):
     """The MoE block on hidden states x [B, L, D]: routed experts (+ ``shared(x)``, the shared experts)."""
@@ -302,4 +316,4 @@ def active_params_per_token(moe: MoeConfig, hidden: int) -> int:
 
 
 __all__ = ["ExpertMesh", "IMPLEMENTATIONS", "block", "check_experts", "default_tile", "expert_ffn",
-           "experts_ragged", "experts_tiles", "resolve_experts", "route", "routed_experts"]
+           "expert_mesh_for", "experts_ragged", "experts_tiles", "resolve_experts", "route", "routed_experts"]

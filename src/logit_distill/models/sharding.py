@@ -141,17 +141,3 @@ def shard_params(params, mesh: Mesh, mode: str = "fsdp", min_size: int = 4096):
     return jax.tree_util.tree_map_with_path(
         lambda path, a: jax.device_put(a, sharding_for(a.shape, mesh, mode, min_size, _name(path))), params
     )
-
-
-def expert_mesh_for(mesh: Mesh, mode: str):
-    """How the MoE blocks run on ``mesh`` in a sharded ``mode`` (``models.moe.ExpertMesh``): split over the
-    batch (axis ``data``), and the experts over ``model`` in the modes that split them; None for
-    ``replicate`` (each device then runs whole examples with every expert)."""
-    from .moe import ExpertMesh
-
-    check_mode(mode)
-    if mode == "replicate":
-        return None
-    data = "data" if "data" in mesh.axis_names else None
-    experts = MODEL_AXIS if mode in MODEL_AXIS_MODES and MODEL_AXIS in mesh.axis_names else None
-    return ExpertMesh(mesh, data_axis=data, expert_axis=experts)
