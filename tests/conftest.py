@@ -82,3 +82,15 @@ def small_fs(tmp_path):
     yield FS()
     for m in mounted:
         subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+# The longest test files first: pytest-xdist hands out whole files (--dist loadfile) in collection
+# order, so a long file that came last would run alone at the end.
+LONGEST_FIRST = ("test_demo.py", "test_pipeline.py", "test_train.py", "test_image.py", "test_teacher_speed.py",
+                 "test_user_files.py", "test_flax_student.py", "test_moe_dump.py", "test_bad_input.py",
+                 "test_sampled.py", "test_dump.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
