@@ -268,8 +268,9 @@ def temp_bytes(size: dict, extra: dict | None = None) -> dict:
     temps = {}
     for L in (2048, 8192):
         compute, run = _teacher_step(model, {"top_k": 64, "seq_len": L, "batch_size": 1, **(extra or {})})
+        inputs = (*_inputs(1, L, BENCH_TEACHER["vocab_size"]), np.zeros(1, np.int32))  # + example_index
         args = [jax.device_put(a, jax.sharding.NamedSharding(compute.mesh, jax.sharding.PartitionSpec("data")))
-                for a in _inputs(1, L, BENCH_TEACHER["vocab_size"])]
+                for a in inputs]
         compiled = compute.fn.lower(compute.params, *args).compile()
         temps[L] = int(compiled.memory_analysis().temp_size_in_bytes)
         attention = compute.attention
