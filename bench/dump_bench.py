@@ -256,10 +256,11 @@ def _codec_figures(config, store_path: str, kept: dict, manifest: dict) -> dict:
             rec = st.read(g)
             ref = kept[g // B]
             o = g % B
-            ids_equal &= bool(np.array_equal(rec["topk_ids"], ref["topk_ids"][o]))
-            err_top = max(err_top, float(np.max(np.abs(rec["topk_logprobs"] - ref["topk_logprobs"][o]))))
+            held = rec["loss_mask"]  # the store holds values at the supervised positions only
+            ids_equal &= bool(np.array_equal(rec["topk_ids"][held], ref["topk_ids"][o][held]))
+            err_top = max(err_top, float(np.max(np.abs(rec["topk_logprobs"][held] - ref["topk_logprobs"][o][held]))))
             tail = ref["tail_logprob"][o]
-            ok = np.isfinite(tail) & (tail >= codec_mod.LOGPROB_FLOOR)
+            ok = held & np.isfinite(tail) & (tail >= codec_mod.LOGPROB_FLOOR)
             if ok.any():
                 err_tail = max(err_tail, float(np.max(np.abs(rec["tail_logprob"][ok] - tail[ok]))))
     per_entry = {name: size / entries for name, size in sizes.items()}
