@@ -11,7 +11,7 @@ import sys
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from ..store.manifest import DEFAULT_ARRAY_RECORD_OPTIONS
 from .chat_flags import add_chat_arguments, chat_options
-from .flags import positive_float
+from .flags import add_output_arguments, positive_float
 
 HELP = "run a teacher over the data and store its top-k log-probs (resumable)"
 DESCRIPTION = ("Run the teacher once over the data; store each supervised position's top-k log-probs, ids and "
@@ -85,9 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds without a refresh after which this dump's lease counts as stale; it is "
                         f"refreshed every quarter of it (default {DEFAULT_LEASE_TIMEOUT_S:.0f})")
     add_chat_arguments(p, applies_to="--data")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (the resume line and the summary are still printed)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    add_output_arguments(p)
 
 
 def temperatures(text: str) -> tuple:
@@ -112,7 +110,7 @@ def config_from_args(args: argparse.Namespace):
         selection=args.selection, samples=args.samples, proposal_temperature=args.proposal_temperature,
         tail_temperatures=args.tail_temperatures, array_record_options=args.array_record_options,
         sharding=args.sharding, model_parallel=args.model_parallel, attention=args.attention,
-        device_batch=args.device_batch, vocab_chunk=args.vocab_chunk, progress=not args.quiet,
+        device_batch=args.device_batch, vocab_chunk=args.vocab_chunk, progress=args.progress,
         force_takeover=args.force_takeover, lease_timeout_s=args.lease_timeout,
     )
 

@@ -46,3 +46,11 @@ def positive_float_or_none(text: str) -> float | None:
         return positive_float(text)
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"{e} (or 'none' to turn it off)") from None
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, json_help: str = "print the result as JSON on stdout") -> None:
+    """The flags every command has for what it prints: ``--no-progress`` (also spelled ``--quiet``) and
+    ``--json``; the result is ``args.progress`` and ``args.json``."""
+    parser.add_argument("--no-progress", "--quiet", dest="progress", action="store_false",
+                        help="no progress bar (the one-line start, resume and summary lines are still printed)")
+    parser.add_argument("--json", action="store_true", help=json_help)

@@ -9,7 +9,7 @@ import sys
 
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from .chat_flags import add_chat_arguments, chat_options
-from .flags import finite_float, nonnegative_float, positive_float, positive_float_or_none
+from .flags import add_output_arguments, finite_float, nonnegative_float, positive_float, positive_float_or_none
 
 # The --loss choices (losses.KINDS), spelled out here so that --help needs no JAX import.
 LOSS_CHOICES = ("topk_kl", *(f"topk_tail_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")),
@@ -130,8 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-timeout", type=positive_float, default=DEFAULT_LEASE_TIMEOUT_S,
                    help=f"seconds without a refresh after which this run's lease on its output counts as stale "
                         f"(default {DEFAULT_LEASE_TIMEOUT_S:.0f})")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    add_output_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace):

@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..verify.config import DEFAULT_SAMPLE
-from .flags import nonnegative_float
+from .flags import add_output_arguments, nonnegative_float
 
 HELP = "prove a logit store complete, intact and aligned; write a JSON and a Markdown report"
 DESCRIPTION = (
@@ -47,8 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the JSON report here (local path or gs://); an existing file is replaced only if "
                         "it is a report logit-distill wrote")
     p.add_argument("--report-md", default=None, help="write the Markdown summary here (the same rule)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    add_output_arguments(p, json_help="print the JSON report on stdout")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -58,7 +57,7 @@ def config_from_args(args: argparse.Namespace):
         store=args.store, expected_steps=args.expected_steps, data=args.data, tokenizer=args.tokenizer,
         teacher=args.teacher, spot_check=args.spot_check, spot_check_atol=args.spot_check_atol, sample=args.sample,
         seed=args.seed, workers=args.workers, report_json=args.report_json, report_md=args.report_md,
-        progress=not args.no_progress,
+        progress=args.progress,
     )
 
 
