@@ -469,6 +469,19 @@ def select_systematic(logits: jax.Array, num_samples: int, keys: jax.Array, prop
     return {**_distinct(draws, jnp.take_along_axis(logprobs, draws, axis=-1)), "tail_plogp": _plogp(lp_t)}
 
 
+def _tail_logprobs(logits: jax.Array, head_ids: jax.Array, proposal_temperature: float) -> tuple:
+    """(the teacher's float32 log-probs, its log-probs tempered at t with the head's ids at -inf)."""
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    lp_t = jax.nn.log_softmax(logprobs / float(proposal_temperature), axis=-1)
+    return logprobs, jnp.put_along_axis(lp_t, head_ids, -jnp.inf, axis=-1, inplace=False)
+
+
+def select_hybrid_tail_plogp(logits: jax.Array, head_ids: jax.Array, proposal_temperature: float = 1.0) -> jax.Array:
+    """``[B, L]``: ``sum_{v not in head_ids} p_t(v) log p_t(v)`` of the teacher tempered at t, as
+    ``select_hybrid`` stores it (``tail_plogp``)."""
+    return _plogp(_tail_logprobs(logits, head_ids, proposal_temperature)[1])
+
+
 def select_hybrid(logits: jax.Array, k: int, num_samples: int, keys: jax.Array,
                   proposal_temperature: float = 1.0) -> dict:
     """The top-k record (``select_topk``; at t != 1 also ``tail_logprob_tempered`` ``[B, L, 1]`` at t)
@@ -477,9 +490,7 @@ def select_hybrid(logits: jax.Array, k: int, num_samples: int, keys: jax.Array,
     t = float(proposal_temperature)
     logits = logits.astype(jnp.float32)
     out = select_topk(logits, k, () if t == 1.0 else (t,))
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    lp_t = jax.nn.log_softmax(logprobs / t, axis=-1)
-    tail_lp_t = jnp.put_along_axis(lp_t, out["topk_ids"], -jnp.inf, axis=-1, inplace=False)
+    logprobs, tail_lp_t = _tail_logprobs(logits, out["topk_ids"], t)
     draws = _systematic_draws(tail_lp_t, num_samples, keys)
     out.update(_distinct(draws, jnp.take_along_axis(logprobs, draws, axis=-1)))
     out["tail_plogp"] = _plogp(tail_lp_t)
