@@ -537,9 +537,19 @@ def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):
     assert "warning: --loss topk_kl with --alpha 1" in capfd.readouterr().err
 
 
-def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path):
+def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path, capsys):
+    from logit_distill.cli import main as cli_main
+
     out = str(tmp_path / "s")
     r = cli(*dump_args(setup["teacher"], setup["data"], out, selection="sampled"))
     assert r.returncode == 2 and "--samples" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    # The hybrid selection's flags, in this process (nothing is loaded before the refusal).
+    for flags, said in ((dict(selection="hybrid"), "needs --samples"),
+                        (dict(selection="hybrid", samples=16, top_k=300), "--top-k must be <= 255"),
+                        (dict(selection="hybrid", samples=16, tail_temperatures=2), "holds its tail mass at")):
+        capsys.readouterr()
+        assert cli_main(dump_args(setup["teacher"], setup["data"], out, **flags)) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("logit-distill dump: error: ") and said in err[0], err
     assert not os.path.exists(out)
