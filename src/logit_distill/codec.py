@@ -504,26 +504,22 @@ def encode_record(
         MAGIC, CODEC_IDS[codec], 0 if rows is None else FLAG_MASKED, bits, tempered.shape[1], int(example_index),
         L, k, len(runs), store_tag, token_hash(tokens)
     )
-    parts = [header, runs.tobytes()]
-    if codec == "exact":
-        parts += [
-            np.ascontiguousarray(tokens, dtype="<i4").tobytes(),
-            mask_bytes,
-            np.ascontiguousarray(topk_ids, dtype="<i4").tobytes(),
-            np.ascontiguousarray(topk_logprobs, dtype="<f4").tobytes(),
-            np.ascontiguousarray(tail_logprob, dtype="<f4").tobytes(),
-            np.ascontiguousarray(tempered, dtype="<f4").tobytes(),
-        ]
-    else:
-        parts += [
-            pack_bits(tokens, bits),
-            mask_bytes,
-            pack_bits(topk_ids, bits),
-            quantize_logprobs(topk_logprobs).tobytes(),
-            quantize_logprobs(tail_logprob).tobytes(),
-            quantize_logprobs(tempered).tobytes(),
-        ]
+    parts = [header, runs.tobytes(), _encode_tokens(codec, tokens, bits), mask_bytes,
+             *_encode_head(codec, bits, topk_ids, topk_logprobs, tail_logprob, tempered)]
     return b"".join(parts)
+
+
+def _encode_tokens(codec: str, tokens, bits: int) -> bytes:
+    return np.ascontiguousarray(tokens, dtype="<i4").tobytes() if codec == "exact" else pack_bits(tokens, bits)
+
+
+def _encode_head(codec: str, bits: int, topk_ids, topk_logprobs, tail_logprob, tempered) -> list[bytes]:
+    """The top-k sections: ids, log-probs, tail, tempered tails."""
+    if codec == "exact":
+        return [np.ascontiguousarray(a, dtype=d).tobytes() for a, d in (
+            (topk_ids, "<i4"), (topk_logprobs, "<f4"), (tail_logprob, "<f4"), (tempered, "<f4"))]
+    return [pack_bits(topk_ids, bits), *(quantize_logprobs(a).tobytes() for a in (topk_logprobs, tail_logprob,
+                                                                                   tempered))]
 
 
 def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, counts, logprobs, vocab_size,
@@ -614,20 +610,14 @@ def _encode_hybrid(codec, example_index, tokens, segment_ids, positions, topk_id
     runs = encode_runs(segment_ids, positions)
     header = HEADER.pack(MAGIC, CODEC_IDS[codec], flags, bits, k, int(example_index), L, N, len(runs), store_tag,
                          token_hash(tokens))
-    parts = [header, runs.tobytes()]
+    parts = [header, runs.tobytes(), _encode_tokens(codec, tokens, bits), mask_bytes]
+    if k:
+        parts += _encode_head(codec, bits, topk_ids, topk_logprobs, tail_logprob, tempered[:, :m])
     flat_ids, flat_counts = ids[used], counts[used]
     if codec == "exact":
-        parts += [np.ascontiguousarray(tokens, dtype="<i4").tobytes(), mask_bytes]
-        if k:
-            parts += [np.ascontiguousarray(a, dtype=d).tobytes() for a, d in (
-                (topk_ids, "<i4"), (topk_logprobs, "<f4"), (tail_logprob, "<f4"), (tempered[:, :m], "<f4"))]
         parts += [n.astype("<i4").tobytes(), flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
                   tail_plogp.astype("<f4").tobytes()]
     else:
-        parts += [pack_bits(tokens, bits), mask_bytes]
-        if k:
-            parts += [pack_bits(topk_ids, bits), quantize_logprobs(topk_logprobs).tobytes(),
-                      quantize_logprobs(tail_logprob).tobytes(), quantize_logprobs(tempered[:, :m]).tobytes()]
         gaps = sampled_id_gaps(flat_ids, n)
         r = rice_parameter(gaps)
         parts += [encode_unary_counts(counts, N), bytes([r]), *rice_encode(gaps, r),
@@ -690,6 +680,20 @@ def _spread(rows: np.ndarray, mask, L: int) -> np.ndarray:
     return out
 
 
+def _decode_prefix(mv, h: dict) -> tuple:
+    """(segment_ids, positions, tokens, the stored mask or None, the loss mask, offset after them) of a
+    record: its runs, tokens and mask."""
+    L, bits = h["seq_len"], h["id_bits"]
+    runs_end = HEADER.size + RUN_DTYPE.itemsize * h["num_runs"]
+    head = runs_end + (4 * L if h["codec"] == "exact" else _packed_len(L, bits)) + (
+        _packed_len(L, 1) if h["masked"] else 0)
+    if len(mv) < head:
+        raise StoreError(f"record is {len(mv)} bytes, shorter than its header implies ({head}+)")
+    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=HEADER.size)
+    segment_ids, positions = decode_runs(runs, L)
+    return segment_ids, positions, *_tokens_and_mask(mv, h, runs_end, segment_ids)
+
+
 def _tokens_and_mask(mv, h: dict, off: int, segment_ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
     """(tokens, the stored mask or None, the record's loss mask, offset after both)."""
     L, bits = h["seq_len"], h["id_bits"]
@@ -716,43 +720,42 @@ def decode_record(data: bytes) -> dict:
         return _decode_hybrid(data, h)
     L, k, bits, codec, m = h["seq_len"], h["top_k"], h["id_bits"], h["codec"], h["aux"]
     mv = memoryview(data)
-    off = HEADER.size
-    runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
-    if len(data) < head:
-        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
-    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
-    segment_ids, positions = decode_runs(runs, L)
-    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    segment_ids, positions, tokens, mask, loss_mask, off = _decode_prefix(mv, h)
     S = L if mask is None else int(mask.sum())
     expected = _record_size(codec, bits, L, k, h["num_runs"], m, supervised=None if mask is None else S)
     if len(data) != expected:
         raise StoreError(f"record is {len(data)} bytes, "
                          f"{'its header and mask imply' if h['masked'] else 'its header implies'} {expected}")
+    topk_ids, topk_logprobs, tail, tempered, off = _decode_head(mv, off, codec, bits, S, k, m)
+    return {**_record_fields(h, tokens, segment_ids, positions, loss_mask),
+            **_head_fields(topk_ids, topk_logprobs, tail, tempered, mask, L)}
+
+
+def _decode_head(mv, off: int, codec: str, bits: int, S: int, k: int, m: int) -> tuple:
+    """The top-k sections of ``S`` rows at ``off`` (ids, log-probs, tail, ``m`` tempered tails), and the
+    offset after them; the caller has checked that the record holds them."""
     if codec == "exact":
         topk_ids = np.frombuffer(mv, "<i4", S * k, off).astype(np.int32).reshape(S, k)
-        off += 4 * S * k
-        topk_logprobs = np.frombuffer(mv, "<f4", S * k, off).astype(np.float32).reshape(S, k)
-        off += 4 * S * k
+        topk_logprobs = np.frombuffer(mv, "<f4", S * k, off + 4 * S * k).astype(np.float32).reshape(S, k)
+        off += 8 * S * k
         tail = np.frombuffer(mv, "<f4", S, off).astype(np.float32)
-        off += 4 * S
-        tempered = np.frombuffer(mv, "<f4", S * m, off).astype(np.float32).reshape(S, m)
-    else:
-        n = _packed_len(S * k, bits)
-        topk_ids = unpack_bits(mv[off : off + n], S * k, bits).reshape(S, k)
-        off += n
-        topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", S * k, off)).reshape(S, k)
-        off += 2 * S * k
-        tail = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
-        off += 2 * S
-        tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", S * m, off)).reshape(S, m)
-    out = {
-        **_record_fields(h, tokens, segment_ids, positions, loss_mask),
-        "topk_ids": _spread(topk_ids, mask, L),
-        "topk_logprobs": _spread(topk_logprobs, mask, L),
-        "tail_logprob": _spread(tail, mask, L),
-    }
-    if m:
+        tempered = np.frombuffer(mv, "<f4", S * m, off + 4 * S).astype(np.float32).reshape(S, m)
+        return topk_ids, topk_logprobs, tail, tempered, off + 4 * S * (1 + m)
+    n = _packed_len(S * k, bits)
+    topk_ids = unpack_bits(mv[off: off + n], S * k, bits).reshape(S, k)
+    off += n
+    topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", S * k, off)).reshape(S, k)
+    off += 2 * S * k
+    tail = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
+    tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", S * m, off + 2 * S)).reshape(S, m)
+    return topk_ids, topk_logprobs, tail, tempered, off + 2 * S * (1 + m)
+
+
+def _head_fields(topk_ids, topk_logprobs, tail, tempered, mask, L: int) -> dict:
+    """The decoded top-k fields, dense ``[L, ...]`` (``tail_logprob_tempered`` when the record holds it)."""
+    out = {"topk_ids": _spread(topk_ids, mask, L), "topk_logprobs": _spread(topk_logprobs, mask, L),
+           "tail_logprob": _spread(tail, mask, L)}
+    if tempered.shape[-1]:
         out["tail_logprob_tempered"] = _spread(tempered, mask, L)
     return out
 
@@ -762,14 +765,7 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
     if N < 1:
         raise StoreError("sampled record says 0 draws per position")
     mv = memoryview(data)
-    off = HEADER.size
-    runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
-    if len(data) < head:
-        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
-    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
-    segment_ids, positions = decode_runs(runs, L)
-    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    segment_ids, positions, tokens, mask, loss_mask, off = _decode_prefix(mv, h)
     S = L if mask is None else int(mask.sum())  # positions with draws
     supervised = None if mask is None else S
     if len(data) < _sampled_size(codec, bits, N, L, 0, h["num_runs"], supervised):
@@ -840,13 +836,7 @@ def _decode_hybrid(data: bytes, h: dict) -> dict:
     if m and not k:
         raise StoreError("hybrid record without a head says it holds a tempered tail")
     mv = memoryview(data)
-    runs_end = HEADER.size + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
-    if len(data) < head:
-        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
-    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=HEADER.size)
-    segment_ids, positions = decode_runs(runs, L)
-    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    segment_ids, positions, tokens, mask, loss_mask, off = _decode_prefix(mv, h)
     S = L if mask is None else int(mask.sum())
     exact = codec == "exact"
     fixed = (_packed_len(S * k, bits) + 2 * S * k + 2 * S * (1 + m) * (k > 0) if not exact
@@ -854,26 +844,11 @@ def _decode_hybrid(data: bytes, h: dict) -> dict:
         (4 if exact else 2) * S
     if len(data) < off + fixed:
         raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({off + fixed}+)")
-    topk_ids = np.zeros((S, k), np.int32)
-    topk_lp = np.zeros((S, k), np.float32)
-    tail = np.zeros(S, np.float32)
-    tempered = np.zeros((S, m), np.float32)
-    if k and exact:
-        topk_ids = np.frombuffer(mv, "<i4", S * k, off).astype(np.int32).reshape(S, k)
-        topk_lp = np.frombuffer(mv, "<f4", S * k, off + 4 * S * k).astype(np.float32).reshape(S, k)
-        off += 8 * S * k
-        tail = np.frombuffer(mv, "<f4", S, off).astype(np.float32)
-        tempered = np.frombuffer(mv, "<f4", S * m, off + 4 * S).astype(np.float32).reshape(S, m)
-        off += 4 * S * (1 + m)
-    elif k:
-        size = _packed_len(S * k, bits)
-        topk_ids = unpack_bits(mv[off: off + size], S * k, bits).reshape(S, k)
-        off += size
-        topk_lp = dequantize_logprobs(np.frombuffer(mv, "<u2", S * k, off)).reshape(S, k)
-        off += 2 * S * k
-        tail = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
-        tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", S * m, off + 2 * S)).reshape(S, m)
-        off += 2 * S * (1 + m)
+    if k:
+        topk_ids, topk_lp, tail, tempered, off = _decode_head(mv, off, codec, bits, S, k, m)
+    else:  # no head: the tail is the whole distribution
+        topk_ids, topk_lp, tail, tempered = (np.zeros((S, 0), np.int32), np.zeros((S, 0), np.float32),
+                                             np.zeros(S, np.float32), np.zeros((S, 0), np.float32))
     if exact:
         n = np.frombuffer(mv, "<i4", S, off).astype(np.int64)
         off += 4 * S
@@ -902,15 +877,7 @@ def _decode_hybrid(data: bytes, h: dict) -> dict:
             raise StoreError(f"record is {len(data)} bytes, its header and codes imply {off + 2 * S}")
         plogp = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
     ids, counts = _slots(n, flat_ids, flat_counts)
-    out = {
-        **_record_fields(h, tokens, segment_ids, positions, loss_mask),
-        "topk_ids": _spread(topk_ids, mask, L),
-        "topk_logprobs": _spread(topk_lp, mask, L),
-        "tail_logprob": _spread(tail, mask, L),
-        "sample_ids": _spread(ids, mask, L),
-        "sample_counts": _spread(counts, mask, L),
-        "tail_plogp": _spread(plogp, mask, L),
-    }
-    if m:
-        out["tail_logprob_tempered"] = _spread(tempered, mask, L)
-    return out
+    return {**_record_fields(h, tokens, segment_ids, positions, loss_mask),
+            **_head_fields(topk_ids, topk_lp, tail, tempered, mask, L),
+            "sample_ids": _spread(ids, mask, L), "sample_counts": _spread(counts, mask, L),
+            "tail_plogp": _spread(plogp, mask, L)}
