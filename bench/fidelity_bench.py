@@ -9,9 +9,9 @@ The set-up (docs/BENCHMARKS.md reports it; the figures come from ``python -m ben
 - Data: documents sampled from the teacher (so it is the best model of them): training, validation
   (the stopping rule) and test (the figures) documents.
 - Stores: simulated, not dumped: the teacher's logits over the training documents go through the
-  selection functions (``topk.select_topk``, ``topk.select_sampled``, ``hybrid_selection``) with the dump's
-  keys, then through the byte layout's encoder and decoder (``bench/hybrid_codec.py``, the default codec's
-  pieces); students train on what the decoder gives back, and the bytes per position are the encoded
+  selection functions (``select_topk``, ``select_sampled``, ``select_systematic``, ``select_hybrid``) with
+  the dump's keys, then through the store's default codec (``logit_distill.codec``: the top-k, sampled and
+  hybrid records; 'compact' is a hybrid record without a head); students train on what the decoder gives back, and the bytes per position are the encoded
   records' (header, runs and tokens included). Sampled stores draw with the seed of the row's seed.
 - Students: the same family, smaller (``fid_student_layers``, ``fid_student_width``: one layer by default),
   their own initialisation per seed; the seeds of a row train together
@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from . import common, hybrid_codec
+from . import common
 from .common import log
 
 
@@ -134,7 +134,6 @@ def _select_fn(teacher, selection: str, settings: dict):
     """jitted ``(params, tokens, positions, segment_ids, example_index, seed) -> selection's fields``."""
     import jax
 
-    from logit_distill import hybrid_selection
     from logit_distill import selection as topk
 
     def run(params, tokens, positions, segment_ids, example_index, seed):
@@ -145,29 +144,32 @@ def _select_fn(teacher, selection: str, settings: dict):
         if selection == "sampled":
             return topk.select_sampled(logits, settings["n"], keys)
         if selection == "systematic":
-            return hybrid_selection.select_systematic(logits, settings["n"], keys)
-        return hybrid_selection.select_hybrid(logits, settings["k"], settings["n"], keys)
+            return topk.select_systematic(logits, settings["n"], keys)
+        return topk.select_hybrid(logits, settings["k"], settings["n"], keys)
 
     return jax.jit(run, static_argnums=(5,))
 
 
 def _encode(layout: str, rec: dict, n: int | None, index: int, V: int) -> bytes:
+    """One example's record in ``layout``, by the store's codec (the default one): ``topk``, ``sampled``,
+    ``hybrid`` (the head + the tail draws + ``tail_plogp``), or ``compact`` (a hybrid record without a head:
+    the draws and the whole distribution's ``sum p log p``)."""
     from logit_distill import codec
 
+    common = dict(example_index=index, tokens=rec["tokens"], segment_ids=rec["segment_ids"],
+                  positions=rec["positions"], vocab_size=V)
     if layout == "topk":
-        return codec.encode_record("default", example_index=index, tokens=rec["tokens"],
-                                   segment_ids=rec["segment_ids"], positions=rec["positions"], vocab_size=V,
-                                   topk_ids=rec["topk_ids"], topk_logprobs=rec["topk_logprobs"],
+        return codec.encode_record("default", **common, topk_ids=rec["topk_ids"], topk_logprobs=rec["topk_logprobs"],
                                    tail_logprob=rec["tail_logprob"])
-    return hybrid_codec.encode(layout, rec, vocab_size=V, num_samples=n, example_index=index)
-
-
-def _decode(layout: str, data: bytes, V: int) -> dict:
-    from logit_distill import codec
-
-    if layout == "topk":
-        return codec.decode_record(data)
-    return hybrid_codec.decode(layout, data, vocab_size=V)
+    if layout == "sampled":
+        return codec.encode_record("default", **common, sample_ids=rec["sample_ids"],
+                                   sample_counts=rec["sample_counts"], sample_logprobs=rec["sample_logprobs"],
+                                   num_samples=n)
+    L = len(rec["tokens"])
+    head = {"topk_ids": np.zeros((L, 0), np.int32), "topk_logprobs": np.zeros((L, 0), np.float32)} \
+        if layout == "compact" else {k: rec[k] for k in ("topk_ids", "topk_logprobs", "tail_logprob")}
+    return codec.encode_record("default", **common, **head, sample_ids=rec["sample_ids"],
+                               sample_counts=rec["sample_counts"], tail_plogp=rec["tail_plogp"], num_samples=n)
 
 
 TRAIN_FIELDS = ("topk_ids", "topk_logprobs", "tail_logprob", "sample_ids", "sample_counts", "sample_logprobs",
@@ -176,6 +178,8 @@ TRAIN_FIELDS = ("topk_ids", "topk_logprobs", "tail_logprob", "sample_ids", "samp
 
 def _build_store(teacher, docs: np.ndarray, name: str, seed: int, cache: str, suffix: str) -> dict:
     """The store's decoded training fields (numpy ``[n, L, ...]``) and its bytes per position, per layout."""
+    from logit_distill import codec
+
     selection, settings, layouts = STORES[name]
     V = teacher.vocab_size
     path = os.path.join(cache, f"store-{name}-seed{seed}-{docs.shape[0]}x{docs.shape[1]}{suffix}.npz")
@@ -198,7 +202,7 @@ def _build_store(teacher, docs: np.ndarray, name: str, seed: int, cache: str, su
                 data = _encode(layout, rec, settings.get("n"), int(index[i]), V)
                 total[layout] += len(data)
                 if j == 0:  # train on what the first layout's decoder gives back
-                    back = _decode(layout, data, V)
+                    back = codec.decode_record(data)
                     for k in TRAIN_FIELDS:
                         if back.get(k) is not None:
                             fields.setdefault(k, []).append(back[k])

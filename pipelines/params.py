@@ -92,7 +92,7 @@ class Param:
 # The --loss choices of training from a store (the full_* losses need an online teacher).
 OFFLINE_LOSSES = ("topk_kl", *(f"topk_tail_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl",
                                                          "tv")),
-                  *(f"sampled_{d}" for d in ("kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")))
+                  *(f"sampled_{d}" for d in ("kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")), "hybrid_kl")
 
 
 def _to(*components: str, **renamed: str) -> dict[str, str]:
@@ -159,11 +159,12 @@ PARAMS: tuple[Param, ...] = (
           "docs/FORMAT.md) or exact (float32 log-probs).",
           _to(PLAN, DUMP), choices=("default", "exact"), group="dump"),
     Param("selection", str, "topk", "What the store keeps per position: topk (the top_k most likely ids + the "
-          "tail mass) or sampled (samples ids drawn from the teacher, with counts: unbiased, fewer bytes).",
-          _to(PLAN, DUMP), choices=("topk", "sampled"), group="dump"),
-    Param("samples", int, 32, "Draws per position of a sampled store (selection sampled).", _to(PLAN, DUMP),
-          min=1, max=65535, group="dump"),
-    Param("proposal_temperature", float, 1.0, "Sampled stores draw from the teacher at this temperature.",
+          "tail mass), sampled (samples ids drawn from the teacher, with counts: unbiased, fewer bytes) or hybrid "
+          "(the exact top_k head + tail mass and samples draws from the rest: unbiased, noise in the tail only).",
+          _to(PLAN, DUMP), choices=("topk", "sampled", "hybrid"), group="dump"),
+    Param("samples", int, 32, "Draws per position of a sampled store, or from the tail of a hybrid store "
+          "(selection sampled or hybrid).", _to(PLAN, DUMP), min=1, max=65535, group="dump"),
+    Param("proposal_temperature", float, 1.0, "Sampled and hybrid stores draw from the teacher at this temperature.",
           _to(PLAN, DUMP), min=1e-6, group="dump"),
     Param("tail_temperatures", str, "", "Top-k stores: comma-separated temperatures whose tempered tail mass is "
           "also stored, for topk_tail_kl at temperature != 1 (empty: none).", _to(PLAN, DUMP), group="dump"),

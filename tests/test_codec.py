@@ -370,3 +370,76 @@ def test_masked_record_damage_is_a_store_error():
     unknown[5] |= 0x40
     with pytest.raises(StoreError, match="unknown flags"):
         codec.decode_record(bytes(unknown))
+
+
+# ------------------------------------------------------------------ hybrid records (exact head + tail draws)
+
+
+def _hybrid(rng, L=48, k=4, V=32000, N=16):
+    """A hybrid record: a top-k head and N draws from outside it, with the tail's sum p log p."""
+    rec = _record(rng, L=L, k=k, V=V)
+    ids, counts, _ = _random_sampled(rng, L, V - k, N)
+    # draws of ids outside the head: shift each position's draw ids past its head ids
+    for j in range(L):
+        rec["topk_ids"][j] = rng.choice(V, k, replace=False)
+        rest = np.setdiff1d(np.arange(V), rec["topk_ids"][j])
+        used = counts[j] > 0
+        ids[j, used] = rest[ids[j, used]]
+    rec.update(sample_ids=ids, sample_counts=counts, tail_plogp=-rng.uniform(0, 12, L).astype(np.float32),
+               num_samples=N)
+    return rec
+
+
+@pytest.mark.parametrize("codec_name", ["exact", "default"])
+@pytest.mark.parametrize("masked,tempered", [(False, False), (True, True)])
+def test_hybrid_record_round_trip(codec_name, masked, tempered):
+    rng = np.random.default_rng(60 + masked)
+    rec = _hybrid(rng)
+    L, N = 48, 16
+    if tempered:
+        rec["tail_logprob_tempered"] = (rec["tail_logprob"] - 0.5)[:, None]
+    mask = _mask(rng, rec["segment_ids"]) if masked else None
+    raw = codec.encode_record(codec_name, **rec, loss_mask=mask)
+    assert raw == codec.encode_record(codec_name, **rec, loss_mask=mask)  # deterministic
+    h = codec.decode_header(raw)
+    assert (h["selection"], h["top_k"], h["num_samples"], h["aux"], h["masked"]) == ("hybrid", 4, N, int(tempered),
+                                                                                     masked)
+    out = codec.decode_record(raw)
+    rows = np.ones(L, bool) if mask is None else mask
+    S = out["sample_ids"].shape[1]
+    np.testing.assert_array_equal(out["topk_ids"][rows], rec["topk_ids"][rows])
+    np.testing.assert_array_equal(out["sample_ids"][rows], rec["sample_ids"][rows][:, :S])
+    np.testing.assert_array_equal(out["sample_counts"][rows], rec["sample_counts"][rows][:, :S])
+    tol = 0 if codec_name == "exact" else codec.LOGPROB_MAX_ERROR + 1e-6
+    for key in ("topk_logprobs", "tail_logprob", "tail_plogp") + (("tail_logprob_tempered",) if tempered else ()):
+        assert np.abs(out[key][rows] - rec[key][rows]).max() <= tol, key
+        assert not out[key][~rows].any()
+    assert ("tail_logprob_tempered" in out) == tempered and "sample_logprobs" not in out
+    if codec_name == "default" and not masked:  # the fixed part per position, plus the Rice-coded id gaps
+        fixed = codec.hybrid_fixed_bytes("default", 32000, 4, N)
+        header = codec.HEADER.size + codec.RUN_DTYPE.itemsize * 3 + (15 * L + 7) // 8
+        assert fixed == 4 * 15 / 8 + 8 + 2 + 2 + 2
+        assert L * fixed < len(raw) - header < L * (fixed + N * 3)
+    # Damage is a StoreError: a truncated record, a flipped count bit, a head flag on a sampled record.
+    with pytest.raises(StoreError):
+        codec.decode_record(raw[:-1])
+    both = bytearray(raw)
+    both[5] |= codec.FLAG_SAMPLED
+    with pytest.raises(StoreError, match="unknown flags"):
+        codec.decode_record(bytes(both))
+
+
+def test_hybrid_record_without_a_head_and_bad_input():
+    rng = np.random.default_rng(70)
+    rec = _hybrid(rng, k=4)
+    L = 48
+    none = dict(rec, topk_ids=np.zeros((L, 0), np.int32), topk_logprobs=np.zeros((L, 0), np.float32),
+                tail_logprob=None)
+    out = codec.decode_record(codec.encode_record("default", **none))
+    assert out["topk_ids"].shape == (L, 0) and not out["tail_logprob"].any()
+    from logit_distill.errors import NonFiniteError
+
+    with pytest.raises(NonFiniteError, match="tail_plogp is nan at position 5"):
+        codec.encode_record("default", **dict(rec, tail_plogp=np.where(np.arange(L) == 5, np.nan, rec["tail_plogp"])))
+    with pytest.raises(ValueError, match="sum to"):
+        codec.encode_record("default", **dict(rec, num_samples=17))

@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from logit_distill import hybrid_selection
 from logit_distill.errors import InputError
-from logit_distill.selection import sample_keys, select_sampled, select_topk
+from logit_distill.selection import sample_keys, select_hybrid, select_sampled, select_systematic, select_topk
 from logit_distill.train import divergences as D
 from logit_distill.train import losses as L
 
@@ -243,7 +242,7 @@ def test_systematic_counts_are_unbiased_with_low_variance():
     p = np.exp(np_log_softmax(t))
     many = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (M, 1, V))
     keys = sample_keys(2, jnp.arange(M), 1)
-    sys_ = {k: np.asarray(v)[:, 0] for k, v in hybrid_selection.select_systematic(many, N, keys).items()}
+    sys_ = {k: np.asarray(v)[:, 0] for k, v in select_systematic(many, N, keys).items()}
     mult = {k: np.asarray(v)[:, 0] for k, v in select_sampled(many, N, keys).items()}
     assert (sys_["sample_counts"].sum(-1) == N).all()
     used = sys_["sample_counts"] > 0
@@ -290,7 +289,7 @@ def test_hybrid_kl_matches_float64_reference(T):
     t, z = teacher_and_student(10)
     keys = sample_keys(4, jnp.array([0]), LQ)
     sel = {k: np.asarray(v) for k, v in
-           hybrid_selection.select_hybrid(jnp.asarray(t), K, 12, keys, proposal_temperature=T).items()}
+           select_hybrid(jnp.asarray(t), K, 12, keys, proposal_temperature=T).items()}
     for j in range(LQ):  # the draws come from the tail only
         drawn = sel["sample_ids"][0, j][sel["sample_counts"][0, j] > 0]
         assert not np.isin(drawn, sel["topk_ids"][0, j]).any()
@@ -315,7 +314,7 @@ def test_hybrid_kl_is_unbiased_and_its_noise_is_only_in_the_tail():
     t = rng.normal(size=(V,)) * 2.0
     z = (rng.normal(size=(V,)) * 1.5).astype(np.float32)
     many = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (M, 1, V))
-    sel = hybrid_selection.select_hybrid(many, k, N, sample_keys(5, jnp.arange(M), 1))
+    sel = select_hybrid(many, k, N, sample_keys(5, jnp.arange(M), 1))
     zs = jnp.broadcast_to(jnp.asarray(z), (M, 1, V))
     fn = lambda zz: L.hybrid_kl_per_token(zz, sel["topk_ids"], sel["topk_logprobs"], sel["tail_logprob"],  # noqa
                                           sel["sample_ids"], sel["sample_counts"], sel["sample_logprobs"])
@@ -333,7 +332,7 @@ def test_hybrid_kl_is_unbiased_and_its_noise_is_only_in_the_tail():
 def test_hybrid_without_head_is_the_sampled_loss():
     t, z = teacher_and_student(13)
     keys = sample_keys(6, jnp.array([0]), LQ)
-    sel = hybrid_selection.select_systematic(jnp.asarray(t, jnp.float32), 16, keys)
+    sel = select_systematic(jnp.asarray(t, jnp.float32), 16, keys)
     empty = jnp.zeros((1, LQ, 0))
     h = lambda zz: L.hybrid_kl_per_token(zz, empty.astype(jnp.int32), empty, jnp.zeros((1, LQ)),  # noqa: E731
                                          sel["sample_ids"], sel["sample_counts"], tail_plogp=sel["tail_plogp"])

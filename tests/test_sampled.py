@@ -104,17 +104,37 @@ def test_sampled_record_round_trip(codec_name):
 # ------------------------------------------------------------------ dump, resume, verify
 
 
+# The stores that draw: sampled (N draws), hybrid (the exact top-4 head + N draws from the rest; exact codec,
+# so that training on it can be held against float64).
+DRAWING = {"sampled": {}, "hybrid": {"top_k": 4, "codec": "exact"}}
+
+
+@pytest.fixture(scope="module")
+def hybrid_store(setup, tmp_path_factory):
+    """A hybrid store (exact codec) of the module's teacher and data: 6 steps of 4 examples."""
+    uri = str(tmp_path_factory.mktemp("hybrid") / "store")
+    run_dump(_config(setup, uri, selection="hybrid", **DRAWING["hybrid"]))
+    return uri
+
+
 @pytest.mark.slow
-def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
+@pytest.mark.parametrize("selection", list(DRAWING))
+def test_drawing_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path, selection, capsys, request):
+    from logit_distill.cli import main as cli_main
     from logit_distill.verify import verify_store
 
-    ref, out = str(tmp_path / "ref"), str(tmp_path / "s")
-    r = run_dump(_config(setup, ref))
-    assert r.complete and r.bytes_per_position > 0
+    head = DRAWING[selection]
+    out = str(tmp_path / "s")
+    if selection == "hybrid":
+        ref = request.getfixturevalue("hybrid_store")
+    else:
+        ref = str(tmp_path / "ref")
+        r = run_dump(_config(setup, ref, selection=selection, **head))
+        assert r.complete and r.bytes_per_position > 0
     before = chunk_bytes(ref)
     # Killed (SIGKILL once a chunk is committed) and re-run: the same bytes as uninterrupted.
-    args = dump_args(setup["teacher"], setup["data"], out, selection="sampled", samples=16, num_steps=6,
-                     **{"top-k": None})
+    args = dump_args(setup["teacher"], setup["data"], out, selection=selection, samples=16, num_steps=6,
+                     **{"top-k": head.get("top_k"), "codec": head.get("codec")})
     proc = subprocess.Popen([sys.executable, "-m", "logit_distill.cli", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -131,16 +151,33 @@ def test_sampled_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path):
         assert s.manifest["codec"]["sampled_layout"] == codec.SAMPLED_LAYOUT
     rec = s.read(5)  # N draws at each position the record holds (its loss mask), none elsewhere
     np.testing.assert_array_equal(rec["sample_counts"].sum(-1), np.where(rec["loss_mask"], 16, 0))
+    if selection == "hybrid":  # the head is the teacher's top-4; the draws lie outside it
+        assert rec["topk_ids"].shape == (32, 4) and "sample_logprobs" not in rec
+        drawn = (rec["sample_ids"][..., :, None] == rec["topk_ids"][..., None, :]).any(-1) & (rec["sample_counts"] > 0)
+        assert rec["loss_mask"].sum() > 16 and not drawn.any()
     report = verify_store(VerifyConfig(store=ref, teacher=setup["teacher"], spot_check=2, progress=False))
     assert report.passed, report.failure_line()
     # Another N or selection is refused; nothing changes.
     with pytest.raises(ConfigMismatchError, match="shapes.num_samples"):
-        run_dump(_config(setup, ref, samples=8))
+        run_dump(_config(setup, ref, selection=selection, samples=8, **head))
     with pytest.raises(ConfigMismatchError, match="shapes.selection"):
         run_dump(_config(setup, ref, selection="topk", samples=None, top_k=8))
     with pytest.raises(InputError, match="--samples"):
-        run_dump(_config(setup, str(tmp_path / "x"), samples=None))
+        run_dump(_config(setup, str(tmp_path / "x"), selection=selection, samples=None, **head))
     assert chunk_bytes(ref) == before
+    # A flipped byte in a chunk: verify fails naming it; training refuses the store, exit 4 in one line.
+    name = sorted(before)[1]
+    data = bytearray(before[name])
+    data[len(data) // 3] ^= 0x10
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(bytes(data))
+    report = verify_store(VerifyConfig(store=out, progress=False))
+    assert not report.passed and "checksum mismatch" in report.failure_line() and name in report.failure_line()
+    capsys.readouterr()
+    assert cli_main(["train", "--store", out, "--student", "preset:tiny-qwen3@1", "--output", str(tmp_path / "t"),
+                     "--num-steps", "1", "--batch-size", "4", "--no-progress"]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("logit-distill train: error:") and "checksum mismatch" in err[0], err
 
 
 def test_verify_catches_counts_that_do_not_sum_to_n(tmp_path):
@@ -162,6 +199,55 @@ def test_verify_catches_counts_that_do_not_sum_to_n(tmp_path):
     report = verify_store(VerifyConfig(store=uri, progress=False))
     assert not report.passed and "do not sum to N = 4" in report.failure_line()
     assert "example 1" in report.failure_line() and "position 5" in report.failure_line()
+
+
+def _hybrid_step(V=50, L=8):
+    """Two examples of a sound hybrid record: head [5, 7] of mass 0.6 + 0.2, 4 tail draws, the tail's
+    sum p log p of a tail spread evenly over 10 ids."""
+    head_lp = np.log([0.6, 0.2]).astype(np.float32)
+    step = {"tokens": np.zeros((2, L), np.int32), "segment_ids": np.ones((2, L), np.int32),
+            "positions": np.tile(np.arange(L, dtype=np.int32), (2, 1)), "example_index": np.arange(2),
+            "topk_ids": np.tile(np.array([5, 7], np.int32), (2, L, 1)), "topk_logprobs": np.tile(head_lp, (2, L, 1)),
+            "tail_logprob": np.full((2, L), np.log(0.2), np.float32),
+            "sample_ids": np.tile(np.array([3, 9, 0, 0], np.int32), (2, L, 1)),
+            "sample_counts": np.tile(np.array([1, 3, 0, 0], np.int32), (2, L, 1)),
+            "tail_plogp": np.full((2, L), 0.2 * np.log(0.02), np.float32)}
+    return step
+
+
+@pytest.mark.parametrize("damage,found", [
+    (None, None),
+    (lambda s: s["sample_counts"][1, 5].__setitem__(1, 2), "do not sum to N = 4"),
+    (lambda s: s["sample_ids"][1, 5].__setitem__(1, 7), "a tail draw is one of the head's top-k ids"),
+    (lambda s: s["tail_plogp"].__setitem__((1, 5), -2.0), "tail sum p log p outside"),
+    (lambda s: s["tail_logprob"].__setitem__((1, 5), -0.5), "do not sum to 1"),
+])
+def test_verify_judges_hybrid_records(tmp_path, damage, found):
+    from logit_distill.verify import verify_store
+
+    manifest = store.build_manifest(seq_len=8, top_k=2, vocab_size=50, codec="exact", num_steps=1,
+                                    examples_per_step=2, steps_per_file=1, selection="hybrid", num_samples=4,
+                                    content={"teacher": "synthetic"})
+    uri = str(tmp_path / "s")
+    store.init_store(uri, manifest)
+    step = _hybrid_step()
+    if damage is not None:
+        damage(step)
+    store.write_examples(uri, manifest, 0, {0: step})
+    report = verify_store(VerifyConfig(store=uri, progress=False))
+    if found is None:
+        assert report.passed, report.failure_line()
+        return
+    assert not report.passed and found in report.failure_line()
+    assert "example 1" in report.failure_line() and "position 5" in report.failure_line()
+    # The training loader's record check stops at the same record.
+    from logit_distill.store.checks import RecordCheck
+    from logit_distill.errors import StoreError
+
+    s = store.open_store(uri)
+    RecordCheck(s.manifest, uri)(s.read(0))
+    with pytest.raises(StoreError, match="example 1 holds .* at position 5"):
+        RecordCheck(s.manifest, uri)(s.read(1))
 
 
 # ------------------------------------------------------------------ the sampled loss
@@ -396,6 +482,44 @@ def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
 
 
 @pytest.mark.slow
+def test_train_from_a_hybrid_store_is_hybrid_kl_against_float64(setup, hybrid_store, tmp_path):
+    """One step on every example of a tiny hybrid store: its kd_loss is hybrid_kl of the student's
+    initial logits, computed in float64 from the teacher's own logits and the stored draws."""
+    from test_divergences import np_hybrid_kl
+    from logit_distill.models import load_model
+    from logit_distill.train import train_student
+    from logit_distill.train.plan import plan_training
+
+    ref = hybrid_store
+    common = dict(student="preset:tiny-qwen3@1", num_steps=1, batch_size=24, progress=False)
+    r = train_student(TrainConfig(store=ref, output=str(tmp_path / "off"), **common))
+    import json
+
+    with open(tmp_path / "off" / "train_config.json") as f:
+        assert json.load(f)["loss"] == "hybrid_kl"  # the default loss of a hybrid store
+    s = store.open_store(ref)
+    recs = [s.read(i) for i in range(len(s))]
+    b = {k: np.stack([rec[k] for rec in recs]) for k in ("tokens", "positions", "segment_ids", "loss_mask")}
+    student, teacher = load_model("preset:tiny-qwen3@1"), load_model(setup["teacher"])
+    z, t = (np.asarray(m.apply(m.params, b["tokens"], b["positions"], b["segment_ids"]), np.float64)
+            for m in (student, teacher))
+    mask = np.asarray(training_mask(b))
+    values = [np_hybrid_kl(z[e, j], t[e, j], {k: recs[e][k][None] for k in ("topk_ids", "sample_ids", "sample_counts")},
+                           j, plogp=True) for e, j in zip(*np.nonzero(mask))]
+    assert r.metrics["num_tokens"] == len(values) > 100
+    assert r.metrics["kd_loss"] == pytest.approx(np.mean(values), rel=1e-4)
+    # The head is a top-k record: the top-k losses read it; a sampled loss, T != t or an online run do not fit.
+    assert plan_training(TrainConfig(store=ref, output=str(tmp_path / "p"), loss="topk_tail_kl", **common))
+    for kw, match in ((dict(loss="sampled_kl"), "does not fit"), (dict(temperature=2.0), "biased")):
+        with pytest.raises(InputError, match=match):
+            train_student(TrainConfig(store=ref, output=str(tmp_path / "bad"), **kw, **common))
+    assert not os.path.exists(tmp_path / "bad")
+    with pytest.raises(InputError, match="reads a hybrid store"):
+        TrainConfig(teacher=setup["teacher"], data=setup["data"], seq_len=32, top_k=4, loss="hybrid_kl",
+                    output=str(tmp_path / "on"), **common).check()
+
+
+@pytest.mark.slow
 def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):
     from logit_distill.train import train_student
 
@@ -413,9 +537,19 @@ def test_tempered_tail_store_and_refusal(setup, tmp_path, capfd):
     assert "warning: --loss topk_kl with --alpha 1" in capfd.readouterr().err
 
 
-def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path):
+def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path, capsys):
+    from logit_distill.cli import main as cli_main
+
     out = str(tmp_path / "s")
     r = cli(*dump_args(setup["teacher"], setup["data"], out, selection="sampled"))
     assert r.returncode == 2 and "--samples" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    # The hybrid selection's flags, in this process (nothing is loaded before the refusal).
+    for flags, said in ((dict(selection="hybrid"), "needs --samples"),
+                        (dict(selection="hybrid", samples=16, top_k=300), "--top-k must be <= 255"),
+                        (dict(selection="hybrid", samples=16, tail_temperatures=2), "holds its tail mass at")):
+        capsys.readouterr()
+        assert cli_main(dump_args(setup["teacher"], setup["data"], out, **flags)) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("logit-distill dump: error: ") and said in err[0], err
     assert not os.path.exists(out)

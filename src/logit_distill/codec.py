@@ -45,6 +45,20 @@ Layout (all little-endian; docs/FORMAT.md is the normative description):
     sample_logprobs:   [M]     sampled log-probs (the teacher's untempered log-prob)
                        (default: fixed point q Rice-coded with r_lp, the same two streams)
 
+    hybrid record (flags bit 3; width = N, the tail draws per position; aux = k, the head, <= 255;
+    flags bit 4: one tempered tail per position, at the store's proposal temperature t):
+    topk_ids:              [L, k]  ids            (the head: the teacher's exact top-k, as a top-k record;
+    topk_logprobs:         [L, k]  log-probs       these three sections are absent when k = 0, where the
+    tail_logprob:          [L]     log-probs       tail is the whole distribution)
+    tail_logprob_tempered: [L, m]  log-probs (m = 1 with flags bit 4, else 0; absent when k = 0)
+    counts:                as a sampled record's (exact: num_distinct [L] then [M]; default: [L, N] bits)
+    rice parameter:        default only: r_id u8
+    sample_ids:            [M] ids of the tail draws, as a sampled record's (default: Rice-coded gaps)
+    tail_plogp:            [L] ``sum_{v in tail} p_t(v) log p_t(v)`` of the teacher tempered at t
+                           (exact: float32; default: the top-k log-probs' 16-bit fixed point)
+    The draws carry no log-probs: ``hybrid_kl``'s gradient never reads them and ``tail_plogp`` makes its
+    value exact in expectation (``train.losses.hybrid_kl_per_token``).
+
 ``ids`` are int32 (exact) or one bit-packed stream of id_bits each, padded to a
 whole byte (default); ``log-probs`` are float32 (exact) or uint16 fixed point
 (default); ``sampled log-probs`` float32 (exact) or Rice-coded fixed point
@@ -95,6 +109,14 @@ FLAG_SAMPLED = 1
 FLAG_SAMPLED_RICE = 2
 # The teacher's values at supervised positions only, with the mask as [L] bits after the tokens.
 FLAG_MASKED = 4
+# A hybrid record: the exact top-k head plus draws from the rest (tail_plogp instead of the draws' log-probs).
+FLAG_HYBRID = 8
+# A hybrid record holding one tempered tail per position (at the store's proposal temperature).
+FLAG_TEMPERED = 16
+KNOWN_FLAGS = FLAG_SAMPLED | FLAG_SAMPLED_RICE | FLAG_MASKED | FLAG_HYBRID | FLAG_TEMPERED
+# The default codec's hybrid layout, recorded in the manifest (codec.hybrid_layout).
+HYBRID_LAYOUT = "hybrid-v1"
+MAX_HYBRID_K = 255  # the head's k lives in the header's aux byte
 
 # The fields of a decoded record (``decode_record``): those every record holds, then each selection's
 # teacher fields (a top-k record holds ``tail_logprob_tempered`` only when its store has tail temperatures).
@@ -102,6 +124,8 @@ RECORD_FIELDS = ("example_index", "tokens", "segment_ids", "positions", "loss_ma
 SELECTION_FIELDS = {
     "topk": ("topk_ids", "topk_logprobs", "tail_logprob", "tail_logprob_tempered"),
     "sampled": ("sample_ids", "sample_counts", "sample_logprobs"),
+    "hybrid": ("topk_ids", "topk_logprobs", "tail_logprob", "tail_logprob_tempered", "sample_ids", "sample_counts",
+               "tail_plogp"),
 }
 
 CODEC_IDS = {"exact": 0, "default": 1}
@@ -438,10 +462,13 @@ def encode_record(
     sample_logprobs: np.ndarray | None = None,
     num_samples: int | None = None,
     loss_mask: np.ndarray | None = None,
+    tail_plogp: np.ndarray | None = None,
 ) -> bytes:
     """Encode one example. Shapes: tokens/segment_ids/positions/tail [L], topk [L, k],
     tail_logprob_tempered [L, m]; or, for a sampled record, sample_* [L, S'] (any S' >= the
-    distinct ids of every position, used slots first) and ``num_samples`` N.
+    distinct ids of every position, used slots first) and ``num_samples`` N; or, for a hybrid
+    record (``tail_plogp`` [L] given), the top-k fields (m <= 1), ``sample_ids``/``sample_counts``
+    of the tail draws and ``num_samples``.
 
     With ``loss_mask`` (bool [L]) the record is masked: the teacher's fields are kept at the
     positions the mask sets only (what they hold elsewhere is never read)."""
@@ -449,6 +476,10 @@ def encode_record(
         raise ValueError(f"unknown codec {codec!r}; known: {sorted(CODEC_IDS)}")
     tokens = np.asarray(tokens)
     mask_bytes, rows = _supervised_rows(loss_mask, tokens.shape[0])
+    if tail_plogp is not None:
+        return _encode_hybrid(codec, example_index, tokens, segment_ids, positions, topk_ids, topk_logprobs,
+                              tail_logprob, tail_logprob_tempered, sample_ids, sample_counts, tail_plogp, vocab_size,
+                              store_tag, num_samples, mask_bytes, rows)
     if sample_ids is not None:
         return _encode_sampled(codec, example_index, tokens, segment_ids, positions, sample_ids, sample_counts,
                                sample_logprobs, vocab_size, store_tag, num_samples, mask_bytes, rows)
@@ -473,26 +504,22 @@ def encode_record(
         MAGIC, CODEC_IDS[codec], 0 if rows is None else FLAG_MASKED, bits, tempered.shape[1], int(example_index),
         L, k, len(runs), store_tag, token_hash(tokens)
     )
-    parts = [header, runs.tobytes()]
-    if codec == "exact":
-        parts += [
-            np.ascontiguousarray(tokens, dtype="<i4").tobytes(),
-            mask_bytes,
-            np.ascontiguousarray(topk_ids, dtype="<i4").tobytes(),
-            np.ascontiguousarray(topk_logprobs, dtype="<f4").tobytes(),
-            np.ascontiguousarray(tail_logprob, dtype="<f4").tobytes(),
-            np.ascontiguousarray(tempered, dtype="<f4").tobytes(),
-        ]
-    else:
-        parts += [
-            pack_bits(tokens, bits),
-            mask_bytes,
-            pack_bits(topk_ids, bits),
-            quantize_logprobs(topk_logprobs).tobytes(),
-            quantize_logprobs(tail_logprob).tobytes(),
-            quantize_logprobs(tempered).tobytes(),
-        ]
+    parts = [header, runs.tobytes(), _encode_tokens(codec, tokens, bits), mask_bytes,
+             *_encode_head(codec, bits, topk_ids, topk_logprobs, tail_logprob, tempered)]
     return b"".join(parts)
+
+
+def _encode_tokens(codec: str, tokens, bits: int) -> bytes:
+    return np.ascontiguousarray(tokens, dtype="<i4").tobytes() if codec == "exact" else pack_bits(tokens, bits)
+
+
+def _encode_head(codec: str, bits: int, topk_ids, topk_logprobs, tail_logprob, tempered) -> list[bytes]:
+    """The top-k sections: ids, log-probs, tail, tempered tails."""
+    if codec == "exact":
+        return [np.ascontiguousarray(a, dtype=d).tobytes() for a, d in (
+            (topk_ids, "<i4"), (topk_logprobs, "<f4"), (tail_logprob, "<f4"), (tempered, "<f4"))]
+    return [pack_bits(topk_ids, bits), *(quantize_logprobs(a).tobytes() for a in (topk_logprobs, tail_logprob,
+                                                                                   tempered))]
 
 
 def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, counts, logprobs, vocab_size,
@@ -507,19 +534,10 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
     N = int(num_samples)
     if rows is not None:  # the supervised positions only, in order
         ids, counts, logprobs = ids[rows], counts[rows], logprobs[rows]
-    used = counts > 0
-    n = used.sum(-1)
-    # Used slots must come first: slot j of position i is used iff j < n_i.
-    if not np.array_equal(used, np.arange(ids.shape[1])[None, :] < n[:, None]):
-        raise ValueError("sampled record: the slots with a count > 0 must come first at every position")
-    if np.any(n < 1):
-        raise ValueError("sampled record: every position needs at least one sampled id")
-    if codec != "exact" and n.size and np.any(counts.sum(-1) != N):  # the unary layout needs it; exact keeps any
-        j = int(np.argmax(counts.sum(-1) != N))
-        raise ValueError(f"sampled record: the counts of position {j} sum to {int(counts[j].sum())}, not N = {N}")
+    bits = 32 if codec == "exact" else id_bits_for(vocab_size)
+    used, n = _check_draws(ids, counts, N, codec, bits, "sampled")
     _refuse_not_storable(example_index, sample_logprobs=np.where(used, logprobs, 0.0), rows=rows)
     runs = encode_runs(segment_ids, positions)
-    bits = 32 if codec == "exact" else id_bits_for(vocab_size)
     flags = FLAG_SAMPLED if codec == "exact" else FLAG_SAMPLED | FLAG_SAMPLED_RICE
     if rows is not None:
         flags |= FLAG_MASKED
@@ -532,16 +550,88 @@ def _encode_sampled(codec, example_index, tokens, segment_ids, positions, ids, c
                   flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
                   flat_lp.astype("<f4").tobytes()]
     else:
-        if np.any(sampled_id_gaps(flat_ids, n) < 0):
-            raise ValueError("sampled record: the ids of a position must be distinct and ascending")
-        if flat_ids.size and (int(flat_ids.min()) < 0 or int(flat_ids.max()) >= 1 << bits):
-            raise ValueError(f"sampled record: an id lies outside [0, 2**{bits})")
         gaps = sampled_id_gaps(flat_ids, n)
         qlp = quantize_sampled_logprobs(flat_lp)
         k_ids, k_lp = rice_parameter(gaps), rice_parameter(qlp)
         parts += [pack_bits(tokens, bits), mask_bytes, encode_unary_counts(counts, N), bytes([k_ids, k_lp]),
                   *rice_encode(gaps, k_ids), *rice_encode(qlp, k_lp)]
     return b"".join(parts)
+
+
+def _check_draws(ids, counts, N: int, codec: str, bits: int, what: str):
+    """(used [S, S'] bool, n [S] distinct ids per position) of draws in slots (used first, ascending ids);
+    ValueError naming ``what`` (a record kind) when they cannot be stored."""
+    used = counts > 0
+    n = used.sum(-1)
+    if not np.array_equal(used, np.arange(ids.shape[1])[None, :] < n[:, None]):
+        raise ValueError(f"{what} record: the slots with a count > 0 must come first at every position")
+    if np.any(n < 1):
+        raise ValueError(f"{what} record: every position needs at least one sampled id")
+    if codec != "exact" and n.size and np.any(counts.sum(-1) != N):  # the unary layout needs it; exact keeps any
+        j = int(np.argmax(counts.sum(-1) != N))
+        raise ValueError(f"{what} record: the counts of position {j} sum to {int(counts[j].sum())}, not N = {N}")
+    if codec != "exact":
+        flat = ids[used]
+        if np.any(sampled_id_gaps(flat, n) < 0):
+            raise ValueError(f"{what} record: the ids of a position must be distinct and ascending")
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= 1 << bits):
+            raise ValueError(f"{what} record: an id lies outside [0, 2**{bits})")
+    return used, n
+
+
+def _encode_hybrid(codec, example_index, tokens, segment_ids, positions, topk_ids, topk_logprobs, tail_logprob,
+                   tempered, ids, counts, tail_plogp, vocab_size, store_tag, num_samples, mask_bytes=b"",
+                   rows=None) -> bytes:
+    L = tokens.shape[0]
+    topk_ids, topk_logprobs = np.asarray(topk_ids), np.asarray(topk_logprobs)
+    ids, counts, tail_plogp = np.asarray(ids), np.asarray(counts), np.asarray(tail_plogp)
+    k = topk_ids.shape[-1] if topk_ids.ndim == 2 else -1
+    tail_logprob = np.zeros(L, np.float32) if tail_logprob is None else np.asarray(tail_logprob)
+    tempered = np.zeros((L, 0), np.float32) if tempered is None else np.asarray(tempered)
+    if (topk_ids.shape != (L, k) or topk_logprobs.shape != (L, k) or tail_logprob.shape != (L,)
+            or ids.ndim != 2 or ids.shape[0] != L or counts.shape != ids.shape or tail_plogp.shape != (L,)
+            or tempered.ndim != 2 or tempered.shape[0] != L or tempered.shape[1] > 1 or k > MAX_HYBRID_K):
+        raise ValueError(f"inconsistent hybrid record shapes: tokens {tokens.shape}, topk_ids {topk_ids.shape}, "
+                         f"topk_logprobs {topk_logprobs.shape}, tail_logprob {tail_logprob.shape}, tail_logprob_tempered "
+                         f"{tempered.shape} (at most 1 column), sample_ids {ids.shape}, sample_counts {counts.shape}, "
+                         f"tail_plogp {tail_plogp.shape} (k <= {MAX_HYBRID_K})")
+    if num_samples is None or not 1 <= int(num_samples) <= 0xFFFFFFFF:
+        raise ValueError("a hybrid record needs num_samples >= 1")
+    N = int(num_samples)
+    if rows is not None:  # the supervised positions only, in order
+        topk_ids, topk_logprobs, tail_logprob, tempered, ids, counts, tail_plogp = (
+            a[rows] for a in (topk_ids, topk_logprobs, tail_logprob, tempered, ids, counts, tail_plogp))
+    bits = 32 if codec == "exact" else id_bits_for(vocab_size)
+    used, n = _check_draws(ids, counts, N, codec, bits, "hybrid")
+    _refuse_not_storable(example_index, topk_logprobs=topk_logprobs, tail_logprob=tail_logprob,
+                         tail_logprob_tempered=tempered, tail_plogp=tail_plogp, rows=rows)
+    m = tempered.shape[1] if k else 0
+    flags = FLAG_HYBRID | (FLAG_TEMPERED if m else 0) | (0 if rows is None else FLAG_MASKED)
+    runs = encode_runs(segment_ids, positions)
+    header = HEADER.pack(MAGIC, CODEC_IDS[codec], flags, bits, k, int(example_index), L, N, len(runs), store_tag,
+                         token_hash(tokens))
+    parts = [header, runs.tobytes(), _encode_tokens(codec, tokens, bits), mask_bytes]
+    if k:
+        parts += _encode_head(codec, bits, topk_ids, topk_logprobs, tail_logprob, tempered[:, :m])
+    flat_ids, flat_counts = ids[used], counts[used]
+    if codec == "exact":
+        parts += [n.astype("<i4").tobytes(), flat_ids.astype("<i4").tobytes(), flat_counts.astype("<i4").tobytes(),
+                  tail_plogp.astype("<f4").tobytes()]
+    else:
+        gaps = sampled_id_gaps(flat_ids, n)
+        r = rice_parameter(gaps)
+        parts += [encode_unary_counts(counts, N), bytes([r]), *rice_encode(gaps, r),
+                  quantize_logprobs(tail_plogp).tobytes()]
+    return b"".join(parts)
+
+
+def hybrid_fixed_bytes(codec: str, vocab_size: int, k: int, N: int, tempered: int = 0) -> float:
+    """Bytes per supervised position of a hybrid record that do not depend on the draws (the head, the
+    counts, ``tail_plogp``); the draws' ids add a Rice-coded gap each (default) or 8 bytes each (exact)."""
+    if codec == "exact":
+        return 8 * k + 4 * (k > 0) * (1 + tempered) + 4 + 4
+    bits = id_bits_for(vocab_size)
+    return k * bits / 8 + 2 * k + 2 * (k > 0) * (1 + tempered) + N / 8 + 2
 
 
 def decode_header(data: bytes | memoryview) -> dict:
@@ -552,12 +642,15 @@ def decode_header(data: bytes | memoryview) -> dict:
         raise StoreError(f"record does not start with {MAGIC!r} (got {magic!r})")
     if codec_id not in CODEC_NAMES:
         raise StoreError(f"record has unknown codec id {codec_id}")
-    if flags & ~(FLAG_SAMPLED | FLAG_SAMPLED_RICE | FLAG_MASKED):
+    if flags & ~KNOWN_FLAGS or (flags & FLAG_HYBRID and flags & (FLAG_SAMPLED | FLAG_SAMPLED_RICE)):
         raise StoreError(f"record has unknown flags {flags:#04x}")
+    hybrid = {}
+    if flags & FLAG_HYBRID:  # width holds N, aux the head's k; aux is then the tempered tails, as a top-k record's
+        hybrid = {"num_samples": k, "top_k": aux, "aux": int(bool(flags & FLAG_TEMPERED))}
     return {
         "codec": CODEC_NAMES[codec_id],
         "flags": flags,
-        "selection": "sampled" if flags & FLAG_SAMPLED else "topk",
+        "selection": "hybrid" if flags & FLAG_HYBRID else "sampled" if flags & FLAG_SAMPLED else "topk",
         "masked": bool(flags & FLAG_MASKED),
         "id_bits": bits,
         "aux": aux,
@@ -567,6 +660,7 @@ def decode_header(data: bytes | memoryview) -> dict:
         "num_runs": num_runs,
         "store_tag": tag,
         "token_hash": thash.hex(),
+        **hybrid,
     }
 
 
@@ -584,6 +678,20 @@ def _spread(rows: np.ndarray, mask, L: int) -> np.ndarray:
     out = np.zeros((L, *rows.shape[1:]), rows.dtype)
     out[mask] = rows
     return out
+
+
+def _decode_prefix(mv, h: dict) -> tuple:
+    """(segment_ids, positions, tokens, the stored mask or None, the loss mask, offset after them) of a
+    record: its runs, tokens and mask."""
+    L, bits = h["seq_len"], h["id_bits"]
+    runs_end = HEADER.size + RUN_DTYPE.itemsize * h["num_runs"]
+    head = runs_end + (4 * L if h["codec"] == "exact" else _packed_len(L, bits)) + (
+        _packed_len(L, 1) if h["masked"] else 0)
+    if len(mv) < head:
+        raise StoreError(f"record is {len(mv)} bytes, shorter than its header implies ({head}+)")
+    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=HEADER.size)
+    segment_ids, positions = decode_runs(runs, L)
+    return segment_ids, positions, *_tokens_and_mask(mv, h, runs_end, segment_ids)
 
 
 def _tokens_and_mask(mv, h: dict, off: int, segment_ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
@@ -608,45 +716,46 @@ def decode_record(data: bytes) -> dict:
     h = decode_header(data)
     if h["selection"] == "sampled":
         return _decode_sampled(data, h)
+    if h["selection"] == "hybrid":
+        return _decode_hybrid(data, h)
     L, k, bits, codec, m = h["seq_len"], h["top_k"], h["id_bits"], h["codec"], h["aux"]
     mv = memoryview(data)
-    off = HEADER.size
-    runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
-    if len(data) < head:
-        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
-    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
-    segment_ids, positions = decode_runs(runs, L)
-    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    segment_ids, positions, tokens, mask, loss_mask, off = _decode_prefix(mv, h)
     S = L if mask is None else int(mask.sum())
     expected = _record_size(codec, bits, L, k, h["num_runs"], m, supervised=None if mask is None else S)
     if len(data) != expected:
         raise StoreError(f"record is {len(data)} bytes, "
                          f"{'its header and mask imply' if h['masked'] else 'its header implies'} {expected}")
+    topk_ids, topk_logprobs, tail, tempered, off = _decode_head(mv, off, codec, bits, S, k, m)
+    return {**_record_fields(h, tokens, segment_ids, positions, loss_mask),
+            **_head_fields(topk_ids, topk_logprobs, tail, tempered, mask, L)}
+
+
+def _decode_head(mv, off: int, codec: str, bits: int, S: int, k: int, m: int) -> tuple:
+    """The top-k sections of ``S`` rows at ``off`` (ids, log-probs, tail, ``m`` tempered tails), and the
+    offset after them; the caller has checked that the record holds them."""
     if codec == "exact":
         topk_ids = np.frombuffer(mv, "<i4", S * k, off).astype(np.int32).reshape(S, k)
-        off += 4 * S * k
-        topk_logprobs = np.frombuffer(mv, "<f4", S * k, off).astype(np.float32).reshape(S, k)
-        off += 4 * S * k
+        topk_logprobs = np.frombuffer(mv, "<f4", S * k, off + 4 * S * k).astype(np.float32).reshape(S, k)
+        off += 8 * S * k
         tail = np.frombuffer(mv, "<f4", S, off).astype(np.float32)
-        off += 4 * S
-        tempered = np.frombuffer(mv, "<f4", S * m, off).astype(np.float32).reshape(S, m)
-    else:
-        n = _packed_len(S * k, bits)
-        topk_ids = unpack_bits(mv[off : off + n], S * k, bits).reshape(S, k)
-        off += n
-        topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", S * k, off)).reshape(S, k)
-        off += 2 * S * k
-        tail = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
-        off += 2 * S
-        tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", S * m, off)).reshape(S, m)
-    out = {
-        **_record_fields(h, tokens, segment_ids, positions, loss_mask),
-        "topk_ids": _spread(topk_ids, mask, L),
-        "topk_logprobs": _spread(topk_logprobs, mask, L),
-        "tail_logprob": _spread(tail, mask, L),
-    }
-    if m:
+        tempered = np.frombuffer(mv, "<f4", S * m, off + 4 * S).astype(np.float32).reshape(S, m)
+        return topk_ids, topk_logprobs, tail, tempered, off + 4 * S * (1 + m)
+    n = _packed_len(S * k, bits)
+    topk_ids = unpack_bits(mv[off: off + n], S * k, bits).reshape(S, k)
+    off += n
+    topk_logprobs = dequantize_logprobs(np.frombuffer(mv, "<u2", S * k, off)).reshape(S, k)
+    off += 2 * S * k
+    tail = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
+    tempered = dequantize_logprobs(np.frombuffer(mv, "<u2", S * m, off + 2 * S)).reshape(S, m)
+    return topk_ids, topk_logprobs, tail, tempered, off + 2 * S * (1 + m)
+
+
+def _head_fields(topk_ids, topk_logprobs, tail, tempered, mask, L: int) -> dict:
+    """The decoded top-k fields, dense ``[L, ...]`` (``tail_logprob_tempered`` when the record holds it)."""
+    out = {"topk_ids": _spread(topk_ids, mask, L), "topk_logprobs": _spread(topk_logprobs, mask, L),
+           "tail_logprob": _spread(tail, mask, L)}
+    if tempered.shape[-1]:
         out["tail_logprob_tempered"] = _spread(tempered, mask, L)
     return out
 
@@ -656,14 +765,7 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
     if N < 1:
         raise StoreError("sampled record says 0 draws per position")
     mv = memoryview(data)
-    off = HEADER.size
-    runs_end = off + RUN_DTYPE.itemsize * h["num_runs"]
-    head = runs_end + (4 * L if codec == "exact" else _packed_len(L, bits)) + (_packed_len(L, 1) if h["masked"] else 0)
-    if len(data) < head:
-        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({head}+)")
-    runs = np.frombuffer(mv, dtype=RUN_DTYPE, count=h["num_runs"], offset=off)
-    segment_ids, positions = decode_runs(runs, L)
-    tokens, mask, loss_mask, off = _tokens_and_mask(mv, h, runs_end, segment_ids)
+    segment_ids, positions, tokens, mask, loss_mask, off = _decode_prefix(mv, h)
     S = L if mask is None else int(mask.sum())  # positions with draws
     supervised = None if mask is None else S
     if len(data) < _sampled_size(codec, bits, N, L, 0, h["num_runs"], supervised):
@@ -706,15 +808,76 @@ def _decode_sampled(data: bytes, h: dict) -> dict:
         flat_lp = dequantize_sampled_logprobs(qlp)
         if off != len(data):
             raise StoreError(f"record is {len(data)} bytes, its header and codes imply {off}")
-    width = int(n.max()) if n.size else 0
-    used = np.arange(width)[None, :] < n[:, None]
-    ids = np.zeros((S, width), np.int32)
-    counts = np.zeros((S, width), np.int32)
-    lp = np.zeros((S, width), np.float32)
-    ids[used], counts[used], lp[used] = flat_ids, flat_counts, flat_lp
+    ids, counts, lp = _slots(n, flat_ids, flat_counts, flat_lp)
     return {
         **_record_fields(h, tokens, segment_ids, positions, loss_mask),
         "sample_ids": _spread(ids, mask, L),
         "sample_counts": _spread(counts, mask, L),
         "sample_logprobs": _spread(lp, mask, L),
     }
+
+
+def _slots(n: np.ndarray, *flat: np.ndarray) -> list[np.ndarray]:
+    """Ragged per-position values (n_j each, position-major) as ``[S, max n_j]`` slots, used first, zeros after."""
+    width = int(n.max()) if n.size else 0
+    used = np.arange(width)[None, :] < n[:, None]
+    out = []
+    for values in flat:
+        a = np.zeros((len(n), width), values.dtype)
+        a[used] = values
+        out.append(a)
+    return out
+
+
+def _decode_hybrid(data: bytes, h: dict) -> dict:
+    L, N, k, m, bits, codec = h["seq_len"], h["num_samples"], h["top_k"], h["aux"], h["id_bits"], h["codec"]
+    if N < 1:
+        raise StoreError("hybrid record says 0 draws per position")
+    if m and not k:
+        raise StoreError("hybrid record without a head says it holds a tempered tail")
+    mv = memoryview(data)
+    segment_ids, positions, tokens, mask, loss_mask, off = _decode_prefix(mv, h)
+    S = L if mask is None else int(mask.sum())
+    exact = codec == "exact"
+    fixed = (_packed_len(S * k, bits) + 2 * S * k + 2 * S * (1 + m) * (k > 0) if not exact
+             else 8 * S * k + 4 * S * (1 + m) * (k > 0)) + (4 * S if exact else _packed_len(S * N, 1) + 1) + \
+        (4 if exact else 2) * S
+    if len(data) < off + fixed:
+        raise StoreError(f"record is {len(data)} bytes, shorter than its header implies ({off + fixed}+)")
+    if k:
+        topk_ids, topk_lp, tail, tempered, off = _decode_head(mv, off, codec, bits, S, k, m)
+    else:  # no head: the tail is the whole distribution
+        topk_ids, topk_lp, tail, tempered = (np.zeros((S, 0), np.int32), np.zeros((S, 0), np.float32),
+                                             np.zeros(S, np.float32), np.zeros((S, 0), np.float32))
+    if exact:
+        n = np.frombuffer(mv, "<i4", S, off).astype(np.int64)
+        off += 4 * S
+        if np.any(n < 1) or np.any(n > N):
+            raise StoreError(f"hybrid record: a position claims {int(n.max())} distinct ids of N = {N} draws")
+        M = int(n.sum())
+        if len(data) != off + 8 * M + 4 * S:
+            raise StoreError(f"record is {len(data)} bytes, its header and counts imply {off + 8 * M + 4 * S}")
+        flat_ids = np.frombuffer(mv, "<i4", M, off).astype(np.int32)
+        flat_counts = np.frombuffer(mv, "<i4", M, off + 4 * M).astype(np.int32)
+        off += 8 * M
+        plogp = np.frombuffer(mv, "<f4", S, off).astype(np.float32)
+    else:
+        size = _packed_len(S * N, 1)
+        n, flat_counts = decode_unary_counts(mv[off: off + size], S, N)
+        off += size
+        r = data[off]
+        if r > RICE_MAX_K:
+            raise StoreError(f"hybrid record: Rice parameter {r} exceeds {RICE_MAX_K}")
+        gaps, off = rice_decode(data, off + 1, int(n.sum()), r, "id gap")
+        flat_ids = sampled_ids_from_gaps(gaps, n)
+        if flat_ids.size and int(flat_ids.max()) >= 1 << bits:
+            raise StoreError(f"hybrid record: a decoded id is {int(flat_ids.max())}, beyond {bits}-bit ids")
+        flat_ids = flat_ids.astype(np.int32)
+        if len(data) != off + 2 * S:
+            raise StoreError(f"record is {len(data)} bytes, its header and codes imply {off + 2 * S}")
+        plogp = dequantize_logprobs(np.frombuffer(mv, "<u2", S, off))
+    ids, counts = _slots(n, flat_ids, flat_counts)
+    return {**_record_fields(h, tokens, segment_ids, positions, loss_mask),
+            **_head_fields(topk_ids, topk_lp, tail, tempered, mask, L),
+            "sample_ids": _spread(ids, mask, L), "sample_counts": _spread(counts, mask, L),
+            "tail_plogp": _spread(plogp, mask, L)}

@@ -29,6 +29,21 @@ masses, then inside its chunk by a cumulative sum over that chunk only, and
 gathers the drawn ids' log-probs. One chunk is ``select_sampled`` bit for bit;
 several give the same draws unless a uniform falls within float32 rounding of
 a step of the cumulative distribution, and log-probs within 1e-6.
+
+``select_systematic`` draws N ids per position from ``softmax(logits / t)`` by
+systematic sampling: one uniform u per position and the N points ``(u + i) / N``
+of the cumulative distribution. Each id's count is ``floor(N p)`` or
+``ceil(N p)``: its expectation is exactly ``N p`` (so the sampled losses stay
+unbiased) while its variance is at most 1/4, against ``N p (1 - p)`` for N
+independent draws. The ids with ``p >= 1/N`` are always drawn, and one of
+``p < 1/N`` with probability ``N p``.
+
+``select_hybrid`` keeps the teacher's top-k exactly (ids, log-probs, tail mass:
+the top-k record) and adds N systematic draws from the tail renormalised (the
+distribution outside the top-k). ``losses.hybrid_kl_per_token`` turns them into
+an unbiased target whose only noise is in the tail. ``tail_plogp`` (the tail's
+``sum p log p``, one value per position) lets the record drop the draws'
+log-probs and still give an unbiased KL value. Both use ``sample_keys``.
 """
 
 from __future__ import annotations
@@ -424,6 +439,91 @@ def make_teacher_sampled(apply: Callable | None, num_samples: int, *, seed: int,
     return _on_mesh(run, mesh, device_batch)
 
 
+def _systematic_draws(log_weights: jax.Array, num_samples: int, keys: jax.Array) -> jax.Array:
+    """``[..., N]`` int32 ids of N systematic draws from ``softmax(log_weights)`` (ascending)."""
+    N = int(num_samples)
+    w = jnp.exp(log_weights - jax.nn.logsumexp(log_weights, axis=-1, keepdims=True))
+    cdf = jnp.cumsum(w, axis=-1)
+    u = _uniforms(keys, 1)  # [B, L, 1]
+    target = (u + jnp.arange(N, dtype=jnp.float32)) / N * cdf[..., -1:]
+    # (u + N - 1) / N rounds to 1 for u within 2**-21 of 1: such a draw goes to the last id of positive
+    # weight (where the cumulative sum first reaches its total), never past it (an id of weight 0)
+    last = jnp.argmax(cdf >= cdf[..., -1:], axis=-1)[..., None]
+    return jnp.minimum(_searchsorted(cdf, target), last).astype(jnp.int32)
+
+
+def _plogp(log_p: jax.Array) -> jax.Array:
+    """``sum p log p`` over the last axis (0 log 0 = 0)."""
+    p = jnp.exp(log_p)
+    return jnp.sum(jnp.where(p > 0, p * jnp.where(p > 0, log_p, 0.0), 0.0), axis=-1)
+
+
+def select_systematic(logits: jax.Array, num_samples: int, keys: jax.Array, proposal_temperature: float = 1.0) -> dict:
+    """N systematic draws per position from ``softmax(logits / t)`` as a sampled record: ``sample_ids``
+    (distinct, ascending, first slots), ``sample_counts`` (summing to N), ``sample_logprobs`` (the
+    teacher's untempered log-probs), all ``[B, L, N]``; ``keys`` ``[B, L]``. Also ``tail_plogp``
+    ``[B, L]``: ``sum p_t log p_t`` of the tempered teacher (minus its entropy)."""
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    lp_t = jax.nn.log_softmax(logprobs / proposal_temperature, axis=-1)
+    draws = _systematic_draws(lp_t, num_samples, keys)
+    return {**_distinct(draws, jnp.take_along_axis(logprobs, draws, axis=-1)), "tail_plogp": _plogp(lp_t)}
+
+
+def _tail_logprobs(logits: jax.Array, head_ids: jax.Array, proposal_temperature: float) -> tuple:
+    """(the teacher's float32 log-probs, its log-probs tempered at t with the head's ids at -inf)."""
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    lp_t = jax.nn.log_softmax(logprobs / float(proposal_temperature), axis=-1)
+    return logprobs, jnp.put_along_axis(lp_t, head_ids, -jnp.inf, axis=-1, inplace=False)
+
+
+def select_hybrid_tail_plogp(logits: jax.Array, head_ids: jax.Array, proposal_temperature: float = 1.0) -> jax.Array:
+    """``[B, L]``: ``sum_{v not in head_ids} p_t(v) log p_t(v)`` of the teacher tempered at t, as
+    ``select_hybrid`` stores it (``tail_plogp``)."""
+    return _plogp(_tail_logprobs(logits, head_ids, proposal_temperature)[1])
+
+
+def select_hybrid(logits: jax.Array, k: int, num_samples: int, keys: jax.Array,
+                  proposal_temperature: float = 1.0) -> dict:
+    """The top-k record (``select_topk``; at t != 1 also ``tail_logprob_tempered`` ``[B, L, 1]`` at t)
+    plus N systematic draws from the tail tempered at t (``sample_*``, as ``select_systematic``) and
+    ``tail_plogp`` ``[B, L]``: ``sum_{v in tail} p_t(v) log p_t(v)`` of the tempered teacher."""
+    t = float(proposal_temperature)
+    logits = logits.astype(jnp.float32)
+    out = select_topk(logits, k, () if t == 1.0 else (t,))
+    logprobs, tail_lp_t = _tail_logprobs(logits, out["topk_ids"], t)
+    draws = _systematic_draws(tail_lp_t, num_samples, keys)
+    out.update(_distinct(draws, jnp.take_along_axis(logprobs, draws, axis=-1)))
+    out["tail_plogp"] = _plogp(tail_lp_t)
+    return out
+
+
+def make_teacher_hybrid(apply: Callable | None, k: int, num_samples: int, *, seed: int,
+                        proposal_temperature: float = 1.0, mesh=None, device_batch: int = 1,
+                        features: Callable | None = None, head: Callable | None = None,
+                        vocab_size: int | None = None, vocab_chunk: int | None = None) -> Callable:
+    """``fn(params, tokens, positions, segment_ids, example_index) -> the hybrid record's fields``
+    (``select_hybrid`` without the draws' log-probs, which the record does not keep).
+
+    With ``features`` and ``head`` (as in ``make_teacher_topk``) the head runs over the whole vocabulary
+    at once: the hybrid selection is not chunked, so it holds ``[B, L, V]`` float32 logits (``vocab_chunk``
+    is accepted for the common signature and unused)."""
+    t = float(proposal_temperature)
+
+    def select(logits, keys):
+        out = select_hybrid(logits, k, num_samples, keys, t)
+        del out["sample_logprobs"]
+        return out
+
+    if features is None:
+        return make_teacher_select(apply, select, mesh, seed=int(seed), device_batch=device_batch)
+
+    def run(params, tokens, positions, segment_ids, example_index):
+        keys = sample_keys(int(seed), example_index, tokens.shape[1])
+        return select(head(params, features(params, tokens, positions, segment_ids), 0, vocab_size), keys)
+
+    return _on_mesh(run, mesh, device_batch)
+
+
 NONFINITE_KEY = "nonfinite"
 
 
@@ -432,7 +532,7 @@ def _first_nonfinite(out: dict) -> jax.Array:
     tail, tempered tails, sampled ids') is NaN or +inf, else -1."""
     bad = None
     for key, value in out.items():
-        if "logprob" not in key:
+        if "logprob" not in key and key != "tail_plogp":
             continue
         b = jnp.isnan(value) | (value == jnp.inf)
         b = b.reshape(b.shape[:2] + (-1,)).any(-1) if b.ndim > 2 else b

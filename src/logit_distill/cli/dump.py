@@ -30,14 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSONL or Parquet file, glob or directory (text, conversations as messages, or "
                         "prompt/completion pairs), or pre-tokenized *.array_record files")
     p.add_argument("--output", required=True, help="store location: local path, file:// or gs:// URI")
-    p.add_argument("--top-k", type=int, default=64, help="log-probs kept per position (default 64)")
-    p.add_argument("--selection", choices=["topk", "sampled"], default="topk",
+    p.add_argument("--top-k", type=int, default=64,
+                   help="log-probs kept per position (default 64); --selection hybrid: the exact head, <= 255 "
+                        "(e.g. 4)")
+    p.add_argument("--selection", choices=["topk", "sampled", "hybrid"], default="topk",
                    help="topk: the k most likely ids + tail mass (default); sampled: --samples N draws per "
-                        "position from the teacher, stored as distinct ids + counts + log-probs (unbiased)")
+                        "position from the teacher, stored as distinct ids + counts + log-probs (unbiased); "
+                        "hybrid: the exact top-k head + tail mass plus --samples N systematic draws from the "
+                        "rest of the distribution (unbiased, noise in the tail only; e.g. --top-k 4 --samples 16)")
     p.add_argument("--samples", type=int, default=None,
-                   help="--selection sampled: draws per position, with replacement (e.g. 32)")
+                   help="--selection sampled: draws per position, with replacement (e.g. 32); --selection "
+                        "hybrid: draws from the tail per position (e.g. 16)")
     p.add_argument("--proposal-temperature", type=positive_float, default=1.0,
-                   help="--selection sampled: draw from softmax(logits / t) (default 1: the teacher itself)")
+                   help="--selection sampled or hybrid: draw from softmax(logits / t) (default 1: the teacher "
+                        "itself); a store drawn at t trains at --temperature t")
     p.add_argument("--tail-temperatures", type=temperatures, default=(),
                    help="--selection topk: comma-separated temperatures T1,T2 at which the tail mass of the "
                         "tempered teacher is also stored, for topk_tail_kl at T != 1 (e.g. 2,4)")

@@ -14,7 +14,7 @@ from .flags import add_output_arguments, finite_float, nonnegative_float, positi
 # The --loss choices (losses.KINDS), spelled out here so that --help needs no JAX import.
 LOSS_CHOICES = ("topk_kl", *(f"topk_tail_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")),
                 *(f"sampled_{d}" for d in ("kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")),
-                *(f"full_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")))
+                *(f"full_{d}" for d in ("kl", "reverse_kl", "jsd", "skew_kl", "skew_reverse_kl", "tv")), "hybrid_kl")
 HELP = "train a student from a logit store (or a teacher in the loop)"
 DESCRIPTION = """\
 Train a student from a logit store (offline), or from a teacher run in the loop
@@ -76,10 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KD loss, <teacher values>_<divergence>: topk_kl (KL over the top-k ids only), "
                         "topk_tail_D (the k + 1 bins of a top-k store, or an online --top-k teacher), sampled_D "
                         "(the draws of a sampled store, or an online --samples teacher), full_D (online only: the "
-                        "teacher's whole vocabulary); D is kl, reverse_kl, jsd, skew_kl, skew_reverse_kl or tv "
+                        "teacher's whole vocabulary), hybrid_kl (a hybrid store: its exact top-k head plus its "
+                        "draws from the rest); D is kl, reverse_kl, jsd, skew_kl, skew_reverse_kl or tv "
                         "(no sampled_reverse_kl: it has no estimator from draws). Default: topk_tail_kl for a "
                         "top-k store, topk_kl for one whose top-k is the whole vocabulary (exact there), "
-                        "sampled_kl for a sampled store; docs/LOSSES.md")
+                        "sampled_kl for a sampled store, hybrid_kl for a hybrid store; docs/LOSSES.md")
     p.add_argument("--jsd-beta", type=finite_float, default=0.5,
                    help="the *_jsd losses: weight beta in (0, 1) of the mixture beta p + (1 - beta) q (GKD's "
                         "generalized JSD; default 0.5)")

@@ -7,11 +7,12 @@ import math
 
 from ..data import ChatOptions
 from ..data.conversations import FLAT_FIELDS as CHAT_FLAT
+from ..codec import MAX_HYBRID_K
 from ..errors import InputError
 from ..store import manifest as manifest_mod
 from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 
-SELECTIONS = ("topk", "sampled")
+SELECTIONS = manifest_mod.SELECTIONS  # topk | sampled | hybrid
 CODECS = ("default", "exact")
 DTYPES = ("float32", "bfloat16")
 
@@ -36,9 +37,9 @@ class DumpConfig:
     text_field: str = "text"
     chat: ChatOptions = dataclasses.field(default_factory=ChatOptions)  # conversations: format, template, masks
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
-    selection: str = "topk"  # topk | sampled
-    samples: int | None = None  # sampled: draws per position (N)
-    proposal_temperature: float = 1.0  # sampled: draws from softmax(logits / t)
+    selection: str = "topk"  # topk | sampled | hybrid (top_k's exact head + samples draws from the rest)
+    samples: int | None = None  # sampled, hybrid: draws per position (N)
+    proposal_temperature: float = 1.0  # sampled, hybrid: draws from softmax(logits / t)
     tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
     # how the dump runs (not part of the store's identity)
@@ -67,19 +68,25 @@ class DumpConfig:
         _require_choice("codec", self.codec, CODECS)
         _require_choice("dtype", self.dtype, DTYPES)
         _require_choice("selection", self.selection, SELECTIONS)
-        if self.selection == "sampled":
+        if self.selection in ("sampled", "hybrid"):
             if self.samples is None or not 1 <= self.samples <= 65535:
-                raise InputError(f"--selection sampled needs --samples N with 1 <= N <= 65535, got {self.samples}")
+                raise InputError(f"--selection {self.selection} needs --samples N with 1 <= N <= 65535, "
+                                 f"got {self.samples}")
             if self.tail_temperatures:
-                raise InputError("--tail-temperatures applies to --selection topk; a sampled store has no tail")
+                raise InputError(f"--tail-temperatures applies to --selection topk; a {self.selection} store "
+                                 + ("has no tail" if self.selection == "sampled" else
+                                    "holds its tail mass at --proposal-temperature"))
         elif self.samples is not None:
-            raise InputError("--samples applies to --selection sampled; give --selection sampled or drop --samples")
+            raise InputError("--samples applies to --selection sampled or hybrid; give one or drop --samples")
+        if self.selection == "hybrid" and self.top_k > MAX_HYBRID_K:
+            raise InputError(f"--selection hybrid keeps a small exact head: --top-k must be <= {MAX_HYBRID_K}, "
+                             f"got {self.top_k}")
         if not all(math.isfinite(float(T)) and float(T) > 0 for T in (self.proposal_temperature,
                                                                        *self.tail_temperatures)):
             raise InputError(f"temperatures must be finite and > 0: --proposal-temperature {self.proposal_temperature}, "
                              f"--tail-temperatures {list(self.tail_temperatures)}")
         if self.selection == "topk" and self.proposal_temperature != 1.0:
-            raise InputError("--proposal-temperature applies to --selection sampled")
+            raise InputError("--proposal-temperature applies to --selection sampled or hybrid")
         if not (math.isfinite(float(self.lease_timeout_s)) and float(self.lease_timeout_s) > 0):
             raise InputError(f"--lease-timeout must be finite and > 0 seconds, got {self.lease_timeout_s}")
         if not self.text_field or not isinstance(self.text_field, str):
@@ -104,9 +111,9 @@ class DumpConfig:
                   vocab_chunk: int = 0, **fields) -> "DumpConfig":
         """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
         ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
-        sampled selection only, ``data_seed`` for ``seed``, the conversation options as
+        sampled or hybrid selection only, ``data_seed`` for ``seed``, the conversation options as
         ``ChatOptions.from_flat`` takes them."""
-        sampled = fields.get("selection", "topk") == "sampled"
+        sampled = fields.get("selection", "topk") in ("sampled", "hybrid")
         chat = ChatOptions.from_flat(**{k: fields.pop(k) for k in CHAT_FLAT if k in fields})
         return cls(seed=data_seed, chat=chat, samples=samples if sampled else None,
                    proposal_temperature=proposal_temperature if sampled else 1.0,
@@ -122,9 +129,12 @@ class DumpConfig:
 
     def selection_settings(self) -> dict:
         """The manifest's selection fields."""
-        if self.selection == "sampled":
-            return {"selection": "sampled", "num_samples": self.samples,
-                    "proposal_temperature": self.proposal_temperature, "sample_seed": self.seed}
+        if self.selection in ("sampled", "hybrid"):
+            t = float(self.proposal_temperature)
+            # a hybrid record holds its tail mass at t too: the training temperature must be t (docs/LOSSES.md)
+            tempered = {"tail_temperatures": () if t == 1.0 else (t,)} if self.selection == "hybrid" else {}
+            return {"selection": self.selection, "num_samples": self.samples, "proposal_temperature": t,
+                    "sample_seed": self.seed, **tempered}
         return {"tail_temperatures": self.tail_temperatures}
 
 

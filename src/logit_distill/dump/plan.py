@@ -19,6 +19,9 @@ SELECTION_TEXT = {
     "topk": "float32 log-softmax; jax.lax.top_k; tail = logsumexp outside the top-k",
     "sampled": "float32 log-softmax; N inverse-CDF draws per position from softmax(logits / t), keys "
                "fold_in(fold_in(key(sample_seed), example_index), position); distinct ids ascending + counts",
+    "hybrid": "float32 log-softmax; jax.lax.top_k head + tail mass; N systematic draws per position from the tail of "
+              "softmax(logits / t) renormalised, one uniform keyed fold_in(fold_in(key(sample_seed), example_index), "
+              "position); distinct ids ascending + counts; tail sum p_t log p_t",
 }
 
 
@@ -80,6 +83,9 @@ def plan_dump(config: DumpConfig, *, num_processes: int = 1, available_examples:
                          f"(max_position_embeddings in {config.teacher})")
     if config.selection == "topk" and config.top_k > vocab_size:
         raise InputError(f"--top-k {config.top_k} exceeds the teacher's vocabulary of {vocab_size}")
+    if config.selection == "hybrid" and config.top_k >= vocab_size:
+        raise InputError(f"--selection hybrid: --top-k {config.top_k} leaves no tail to draw from in the teacher's "
+                         f"vocabulary of {vocab_size}; lower --top-k")
     tokenizer = config.tokenizer or teacher_tokenizer
     data_identity = plan_identity(config.data, tokenizer, seq_len=config.seq_len, packing=config.packing,
                                   seed=config.seed, text_field=config.text_field, chat=config.chat)

@@ -71,8 +71,8 @@ def dump_attention(config: DumpConfig, backend: str) -> str:
 
 
 class TeacherStep:
-    """One dump step on device: the teacher's forward over a batch and its selection (top-k + tail, or
-    sampled ids + counts), with the step's NaN/inf check fused in. ``dispatch`` starts it
+    """One dump step on device: the teacher's forward over a batch and its selection (top-k + tail,
+    sampled ids + counts, or both: the hybrid record), with the step's NaN/inf check fused in. ``dispatch`` starts it
     asynchronously; ``nonfinite`` and ``fetch`` wait for it."""
 
     def __init__(self, teacher, config: DumpConfig, mesh):
@@ -83,7 +83,8 @@ class TeacherStep:
 
         from ..models import decoder, shard_params
         from ..models.moe import expert_mesh_for
-        from ..selection import NONFINITE_KEY, make_teacher_sampled, make_teacher_topk, with_finite_check
+        from ..selection import (NONFINITE_KEY, make_teacher_hybrid, make_teacher_sampled, make_teacher_topk,
+                                 with_finite_check)
 
         self.mesh = mesh
         check_layout(config, mesh)
@@ -109,6 +110,9 @@ class TeacherStep:
         if config.selection == "sampled":
             fn = make_teacher_sampled(apply, config.samples, seed=config.seed,
                                       proposal_temperature=config.proposal_temperature, **on_mesh)
+        elif config.selection == "hybrid":
+            fn = make_teacher_hybrid(apply, config.top_k, config.samples, seed=config.seed,
+                                     proposal_temperature=config.proposal_temperature, **on_mesh)
         else:
             fn = make_teacher_topk(apply, config.top_k, tail_temperatures=config.tail_temperatures, **on_mesh)
         # NaN/inf check of every log-prob, fused into the same jitted step: scalars over the whole batch

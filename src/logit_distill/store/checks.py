@@ -1,7 +1,7 @@
 """Whether a store's records are sound: one set of checks for the loader and for verify.
 
 A checksum proves a chunk holds the bytes that were written, not that what was written makes sense.
-``topk_problems`` and ``sampled_problems`` check decoded records' values position by position,
+``topk_problems``, ``sampled_problems`` and ``hybrid_problems`` check decoded records' values position by position,
 vectorized over a batch of records ``[n, L, ...]``: each check is a named boolean mask ``[n, L]``
 (True where a position fails) with a one-line text. ``verify`` reports every failing check of every
 record; the training loader runs a cheaper subset on each record as it reads it (``RecordCheck``) and
@@ -20,7 +20,7 @@ from . import manifest as manifest_mod
 NORM_ATOL = 5e-4
 POSITIVE_ATOL = 1e-6  # a log-prob may exceed 0 by float32 rounding only
 # Checks that find a NaN or an infinite value (NonFiniteError, exit 3; the others are damage, exit 4).
-NONFINITE = ("logprob_finite", "tail_finite", "tail_tempered")
+NONFINITE = ("logprob_finite", "tail_finite", "tail_tempered", "tail_plogp_finite")
 
 
 def norm_atol(codec: str) -> float:
@@ -113,9 +113,42 @@ def _sampled_problems(ids, counts, lp, *, vocab: int, num_samples: int, counts_s
     return out
 
 
+def hybrid_problems(ids, lp, tail, draw_ids, draw_counts, plogp, *, vocab: int, codec: str, num_samples: int,
+                    tokens=None, tempered=None, distinct: bool = True, supervised=None) -> dict:
+    """{check: (mask [n, L], text)} for hybrid records: the head as ``topk_problems`` (ids in range and
+    distinct, log-probs finite, <= 0 and sorted, head mass + tail mass = 1), the tail draws (``[n, L, S]``,
+    used slots first) as ``sampled_problems`` (counts summing to N, ids in range and distinct) and outside
+    the head, and ``plogp`` ``[n, L]`` (the tail's ``sum p_t log p_t``) finite and within what the tail's
+    mass m_t at the proposal temperature allows over its V - k ids: ``[m_t log(m_t / (V - k)), m_t log m_t]``
+    (``tempered[..., 0]`` is log m_t when the store holds it, else ``tail``). ``supervised`` as in
+    ``topk_problems``."""
+    k = ids.shape[-1]
+    found = _topk_problems(ids, lp, tail, vocab=vocab, codec=codec, tokens=tokens, tempered=tempered,
+                           distinct=distinct, missing_tail_ok=False)
+    draws = _sampled_problems(draw_ids, draw_counts, np.zeros(draw_ids.shape, np.float32), vocab=vocab,
+                              num_samples=num_samples, counts_sum_to_n=True, tokens=None)
+    for kind in ("count_sum", "id_range", "id_distinct"):
+        mask, text = draws[kind]
+        found["draw_" + kind] = (mask, text.replace("sampled id", "tail draw id"))
+    used = draw_counts > 0
+    in_head = (used[..., :, None] & (draw_ids[..., :, None] == ids[..., None, :])).any((-1, -2))
+    found["draw_in_head"] = (in_head, "a tail draw is one of the head's top-k ids")
+    log_m = (tempered[..., 0] if tempered is not None and tempered.shape[-1] else tail).astype(np.float64)
+    tol = norm_atol(codec) * (2.0 + np.log(vocab))
+    with np.errstate(all="ignore"):
+        m = np.exp(log_m)
+        low, high = m * (log_m - np.log(max(vocab - k, 1))), m * log_m
+        p = plogp.astype(np.float64)
+        found["tail_plogp_finite"] = (~np.isfinite(p), "non-finite tail sum p log p")
+        found["tail_plogp_range"] = (~((p >= low - tol) & (p <= high + tol)),
+                                     f"tail sum p log p outside [m log(m / (V - k)), m log m] for its tail mass m "
+                                     f"(beyond {tol:.1e})")
+    return _only(found, supervised)
+
+
 class RecordCheck:
     """The loader's check of each record as it reads it: the problems of ``topk_problems`` /
-    ``sampled_problems`` that cost a few passes over ``[L, k]`` (no sort for distinct ids); the first
+    ``sampled_problems`` / ``hybrid_problems`` that cost a few passes over ``[L, k]`` (no sort for distinct ids); the first
     one raises (NonFiniteError for a NaN/inf, StoreError for the rest)."""
 
     def __init__(self, manifest: dict, uri: str):
@@ -128,7 +161,12 @@ class RecordCheck:
     def problem(self, rec: dict) -> tuple[type, str, int] | None:
         """(error class, what, first bad position) of the record, or None when it is sound."""
         supervised = rec["loss_mask"] if self.masked else None
-        if "sample_ids" in rec:
+        if "tail_plogp" in rec:
+            found = hybrid_problems(rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"], rec["sample_ids"],
+                                    rec["sample_counts"], rec["tail_plogp"], vocab=self.vocab, codec=self.codec,
+                                    num_samples=self.num_samples, tempered=rec.get("tail_logprob_tempered"),
+                                    distinct=False, supervised=supervised)
+        elif "sample_ids" in rec:
             found = sampled_problems(rec["sample_ids"], rec["sample_counts"], rec["sample_logprobs"],
                                      vocab=self.vocab, num_samples=self.num_samples,
                                      counts_sum_to_n=self.codec == "default", supervised=supervised)

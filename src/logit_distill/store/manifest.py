@@ -24,6 +24,9 @@ TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"  # beside it: the EOS token
 CHAT_TEMPLATE_NAME = "chat_template.jinja"  # beside them: the template a chat data set was rendered with
 FINGERPRINTED = ("shapes", "codec", "layout", "content")
+# What a store's records hold (``codec.SELECTION_FIELDS``): top-k + tail, sampled ids + counts, or both
+# (an exact top-k head plus draws from the rest).
+SELECTIONS = tuple(codec_mod.SELECTION_FIELDS)
 DEFAULT_ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"
 
 
@@ -73,11 +76,24 @@ def build_manifest(
     may record ``tail_temperatures``. A plain top-k store has neither key, so
     its fingerprint is what it was before sampled stores existed.
 
+    ``selection="hybrid"`` records the head's ``top_k`` (<= 255, below the vocabulary), ``num_samples``
+    (the tail draws per position), ``proposal_temperature`` and ``sample_seed``; at a proposal
+    temperature t != 1 its ``tail_temperatures`` are ``[t]`` (its records hold the tail mass at t).
+
     ``masked``: records hold the teacher's values at supervised positions only (``shapes.masked``;
     what the dump writes). A store without the key holds every position (the earlier layout).
     """
-    if selection not in ("topk", "sampled"):
-        raise ValueError(f"unknown selection {selection!r}; known: topk, sampled")
+    if selection not in SELECTIONS:
+        raise ValueError(f"unknown selection {selection!r}; known: {', '.join(SELECTIONS)}")
+    if selection == "hybrid":
+        if num_samples is None or int(num_samples) < 1:
+            raise ValueError(f"a hybrid store needs num_samples >= 1, got {num_samples}")
+        if not 1 <= int(top_k) <= codec_mod.MAX_HYBRID_K or int(top_k) >= int(vocab_size):
+            raise ValueError(f"a hybrid store's head needs 1 <= top_k <= {codec_mod.MAX_HYBRID_K} and below the "
+                             f"vocabulary of {vocab_size}, got {top_k}")
+        if [float(T) for T in tail_temperatures] != ([] if float(proposal_temperature) == 1.0
+                                                     else [float(proposal_temperature)]):
+            raise ValueError("a hybrid store's tail temperatures are its proposal temperature's (none at 1)")
     if selection == "sampled":
         if num_samples is None or int(num_samples) < 1:
             raise ValueError(f"a sampled store needs num_samples >= 1, got {num_samples}")
@@ -111,11 +127,16 @@ def build_manifest(
         if selection == "sampled":
             codec_info.update(sampled_layout=codec_mod.SAMPLED_LAYOUT,
                               sampled_logprob_scale=codec_mod.SAMPLED_LOGPROB_SCALE)
+        if selection == "hybrid":
+            codec_info.update(hybrid_layout=codec_mod.HYBRID_LAYOUT)
     shapes = {"seq_len": int(seq_len), "top_k": int(top_k), "vocab_size": int(vocab_size)}
     if selection == "sampled":
         shapes.update(selection="sampled", num_samples=int(num_samples),
                       proposal_temperature=float(proposal_temperature), sample_seed=int(sample_seed))
-    elif tail_temperatures:
+    elif selection == "hybrid":
+        shapes.update(selection="hybrid", num_samples=int(num_samples),
+                      proposal_temperature=float(proposal_temperature), sample_seed=int(sample_seed))
+    if tail_temperatures:
         shapes["tail_temperatures"] = [float(T) for T in tail_temperatures]
     if masked:
         shapes["masked"] = True
@@ -185,8 +206,13 @@ def check_self_consistent(manifest: dict, where: str) -> None:
             problems.append("layout.examples_per_step is not divisible by layout.num_processes")
         if int(shapes["top_k"]) > int(shapes["vocab_size"]) and shapes.get("selection") != "sampled":
             problems.append("shapes.top_k exceeds shapes.vocab_size")
-        if shapes.get("selection", "topk") not in ("topk", "sampled"):
+        if shapes.get("selection", "topk") not in SELECTIONS:
             problems.append(f"unknown shapes.selection {shapes.get('selection')!r}")
+        elif shapes.get("selection") == "hybrid" and (
+                int(shapes.get("num_samples", 0)) < 1 or int(shapes["top_k"]) > codec_mod.MAX_HYBRID_K
+                or int(shapes["top_k"]) >= int(shapes["vocab_size"])):
+            problems.append(f"a hybrid store needs shapes.num_samples >= 1 and shapes.top_k <= "
+                            f"{codec_mod.MAX_HYBRID_K}, below shapes.vocab_size")
         elif shapes.get("selection") == "sampled" and (
                 int(shapes.get("num_samples", 0)) < 1 or int(shapes["top_k"]) != int(shapes["num_samples"])):
             problems.append("a sampled store needs shapes.num_samples >= 1 equal to shapes.top_k")
@@ -205,7 +231,7 @@ def check_self_consistent(manifest: dict, where: str) -> None:
 
 
 def selection_of(manifest: dict) -> str:
-    """``"sampled"`` or ``"topk"`` (stores without the key are top-k)."""
+    """``"topk"``, ``"sampled"`` or ``"hybrid"`` (stores without the key are top-k)."""
     return manifest["shapes"].get("selection", "topk")
 
 

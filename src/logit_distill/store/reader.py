@@ -150,7 +150,17 @@ class Store:
             raise StoreError(f"{where} belongs to another store (tag {int(rec['store_tag']):08x}, "
                              f"this store's is {self.tag:08x})")
         shapes = self.manifest["shapes"]
-        if "sample_ids" in rec:
+        hybrid = shapes.get("selection") == "hybrid"
+        if ("tail_plogp" in rec) != hybrid:
+            raise StoreError(f"{where} holds a{' hybrid' if 'tail_plogp' in rec else 'nother'} record; the manifest "
+                             f"says a {shapes.get('selection', 'topk')} store")
+        if hybrid:
+            L, S = rec["sample_ids"].shape
+            if rec["topk_ids"].shape != (shapes["seq_len"], shapes["top_k"]) or S > shapes["num_samples"]:
+                raise StoreError(f"{where} holds a head of shape {rec['topk_ids'].shape} and draws of shape {(L, S)}; "
+                                 f"the manifest says {(shapes['seq_len'], shapes['top_k'])} and at most "
+                                 f"{shapes['num_samples']} draws")
+        elif "sample_ids" in rec:
             L, S = rec["sample_ids"].shape
             if shapes.get("selection") != "sampled" or L != shapes["seq_len"] or S > shapes["top_k"]:
                 raise StoreError(f"{where} holds sampled ids of shape {(L, S)}; the manifest says a "

@@ -217,9 +217,9 @@ def encode_step(manifest: dict, step_records: dict, store_tag: int) -> list[byte
     vocab_size = manifest["shapes"]["vocab_size"]
     selection = manifest_mod.selection_of(manifest)
     fields = codec_mod.SELECTION_FIELDS[selection]
-    if selection == "topk" and not manifest_mod.tail_temperatures_of(manifest):
+    if selection != "sampled" and not manifest_mod.tail_temperatures_of(manifest):
         fields = tuple(f for f in fields if f != "tail_logprob_tempered")
-    extra = {"num_samples": manifest["shapes"]["num_samples"]} if selection == "sampled" else {}
+    extra = {"num_samples": manifest["shapes"]["num_samples"]} if selection != "topk" else {}
     masked = manifest_mod.masked_of(manifest)
     out = []
     for i in range(len(step_records["example_index"])):

@@ -156,6 +156,9 @@ class TrainConfig:
     def _check_mode(self) -> None:
         online_only = {"teacher": self.teacher, "data": self.data, "top_k": self.top_k, "seq_len": self.seq_len}
         rep = None if self.loss is None else representation(self.loss)
+        if rep == "hybrid" and self.online:
+            raise InputError(f"--loss {self.loss} reads a hybrid store's record (dump --selection hybrid); online, use "
+                             "full_kl (the teacher's whole distribution) or sampled_kl with --samples")
         if rep == "full" and not self.online:
             raise InputError(f"--loss {self.loss} needs the teacher's whole distribution, which no store holds: "
                              "train online (--teacher, --data, --seq-len), or use a topk_tail_* loss on a top-k store")
@@ -187,11 +190,12 @@ class TrainConfig:
                              f"(missing: {', '.join(missing)})")
 
     def resolved_loss(self, selection: str, top_k: int, vocab_size: int) -> str:
-        """The loss of a run on a store of ``selection`` (online: "sampled" with --samples, else "topk")."""
+        """The loss of a run on a store of ``selection`` (online: "sampled" with --samples, else "topk"):
+        ``losses.DEFAULT_LOSS``, except topk_kl for a top-k store holding the whole vocabulary."""
         if self.loss is not None:
             return self.loss
-        if selection == "sampled":
-            return "sampled_kl"
+        if selection in ("sampled", "hybrid"):
+            return f"{selection}_kl"
         # A top-k covering the whole vocabulary has no tail: plain top-k KL is then the exact loss.
         return "topk_kl" if top_k >= vocab_size else "topk_tail_kl"
 

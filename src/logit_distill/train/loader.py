@@ -65,7 +65,7 @@ class OnlineSource:
 
 
 def _training_fields(record: dict, sample_width: int | None = None, tempered_index: int | None = None) -> dict:
-    """The fields a batch needs. Sampled records (``[L, S]``, S varying per record) are padded
+    """The fields a batch needs. Sampled and hybrid records (``[L, S]``, S varying per record) are padded
     with empty slots to ``sample_width`` (the store's N) so that they batch; of the stored
     tempered tails only column ``tempered_index`` (the training temperature) is kept, as ``[L]``."""
     keep = MODEL_FIELDS + TEACHER_FIELDS + ("example_index",)
@@ -73,7 +73,8 @@ def _training_fields(record: dict, sample_width: int | None = None, tempered_ind
     if sample_width is not None and "sample_ids" in out:
         pad = sample_width - out["sample_ids"].shape[-1]
         for k in SAMPLE_FIELDS:
-            out[k] = np.pad(out[k], ((0, 0), (0, pad)))
+            if k in out:  # a hybrid record's draws carry no log-probs
+                out[k] = np.pad(out[k], ((0, 0), (0, pad)))
     if "tail_logprob_tempered" in out:
         if tempered_index is None:
             del out["tail_logprob_tempered"]

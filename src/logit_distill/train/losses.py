@@ -41,15 +41,15 @@ KIND_PARTS = {
     "hybrid_kl": ("hybrid", "kl"),
 }
 ALL_KINDS = tuple(KIND_PARTS)
-# The losses `train --loss` offers: every kind but hybrid_kl (no store selection holds its record yet).
-KINDS = tuple(k for k in ALL_KINDS if KIND_PARTS[k][0] != "hybrid")
+# The losses `train --loss` offers.
+KINDS = ALL_KINDS
 
 
 def representation(kind: str) -> str:
     """What the teacher gave a loss kind: "topk", "topk_tail", "sampled", "full" or "hybrid"."""
     return KIND_PARTS[kind][0]
 # The default loss of each store selection (docs/LOSSES.md, "Which loss").
-DEFAULT_LOSS = {"topk": "topk_tail_kl", "sampled": "sampled_kl"}
+DEFAULT_LOSS = {"topk": "topk_tail_kl", "sampled": "sampled_kl", "hybrid": "hybrid_kl"}
 
 __all__ = [
     "KINDS",
@@ -482,16 +482,25 @@ def check_sampled_divergence(divergence, temperature, proposal_temperature) -> N
 
 
 # Teacher fields each loss reads from the batch (``tail_logprob_tempered`` is optional; ``hybrid_kl``
-# reads ``tail_plogp`` instead of ``sample_logprobs`` when the record holds it).
+# reads ``tail_plogp``, what a hybrid store holds, or instead the draws' ``sample_logprobs``).
 _REPRESENTATION_FIELDS = {
     "topk": ("topk_ids", "topk_logprobs"),
     "topk_tail": ("topk_ids", "topk_logprobs", "tail_logprob"),
     "sampled": ("sample_ids", "sample_counts", "sample_logprobs"),
     "full": ("teacher_logits",),
-    "hybrid": ("topk_ids", "topk_logprobs", "tail_logprob", "sample_ids", "sample_counts", "sample_logprobs"),
+    "hybrid": ("topk_ids", "topk_logprobs", "tail_logprob", "sample_ids", "sample_counts", "tail_plogp"),
 }
 FIELDS = {kind: _REPRESENTATION_FIELDS[rep] for kind, (rep, _) in KIND_PARTS.items()}
-_OPTIONAL_FIELDS = ("tail_logprob_tempered", "tail_plogp")
+_OPTIONAL_FIELDS = ("tail_logprob_tempered",)
+
+
+def _fields_of(kind: str, batch: Mapping[str, Any]) -> tuple:
+    """The teacher fields ``kind`` reads from ``batch``: ``FIELDS[kind]``, with a hybrid batch's draws'
+    ``sample_logprobs`` in place of ``tail_plogp`` when it holds those instead."""
+    fields = FIELDS[kind]
+    if KIND_PARTS[kind][0] == "hybrid" and "tail_plogp" not in batch and "sample_logprobs" in batch:
+        fields = tuple("sample_logprobs" if f == "tail_plogp" else f for f in fields)
+    return fields
 
 
 def _unknown_kind(kind: str) -> InputError:
@@ -529,9 +538,7 @@ def kd_loss(kind, logits, batch: Mapping[str, Any], mask, *, temperature=1.0, pr
     ``batch`` (``FIELDS[kind]``); returns ``(loss, count)``: 0 when ``count`` is 0."""
     if kind not in KIND_PARTS:
         raise _unknown_kind(kind)
-    fields = FIELDS[kind] + _OPTIONAL_FIELDS
-    if KIND_PARTS[kind][0] == "hybrid" and batch.get("tail_plogp") is not None:
-        fields = tuple(f for f in fields if f != "sample_logprobs")
+    fields = _fields_of(kind, batch) + _OPTIONAL_FIELDS
     clean = _sanitize(mask, batch, fields)
     per = _per_token(kind, logits, clean, temperature, proposal_temperature, beta, skew, allow_biased_temperature)
     return _masked_mean(per, mask)
@@ -598,9 +605,7 @@ def distill_loss(
     mask = training_mask(batch)
     ce, count = cross_entropy(logits, batch["tokens"], mask)
 
-    needed = FIELDS[kind]
-    if KIND_PARTS[kind][0] == "hybrid" and "tail_plogp" in batch:
-        needed = tuple(f for f in needed if f != "sample_logprobs")
+    needed = _fields_of(kind, batch)
     missing = [k for k in needed if k not in batch]
     concrete_zero = _concrete(alpha) == 0.0
     if missing:

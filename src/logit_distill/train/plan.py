@@ -71,6 +71,8 @@ def plan_training(config: TrainConfig, *, source: TrainSource | None = None) -> 
         check_sampled_divergence(KIND_PARTS[loss][1], config.temperature, source.proposal_temperature(config))
         check_sampled_temperature(config.temperature, source.proposal_temperature(config),
                                   allow_biased_temperature=config.allow_biased_temperature, where=source.where)
+    if representation(loss) == "hybrid":  # the tail draws weigh count / N: exact in expectation at T = t only
+        check_sampled_temperature(config.temperature, source.proposal_temperature(config), where=source.where)
     if config.batch_size > len(source):
         raise InputError(f"--batch-size {config.batch_size} exceeds the {len(source)} examples of {source.where}: "
                          "every batch would repeat examples; lower --batch-size")
@@ -158,7 +160,7 @@ def run_settings(config: TrainConfig, source: TrainSource, student: StudentSpec,
     }
     if config.allow_tokenizer_mismatch:  # recorded only when set: outputs of earlier versions still resume
         settings["allow_tokenizer_mismatch"] = True
-    if representation(loss) == "sampled":
+    if representation(loss) in ("sampled", "hybrid"):
         settings["proposal_temperature"] = source.proposal_temperature(config)
         if config.online:
             settings["samples"] = int(config.samples)
@@ -214,6 +216,16 @@ def _check_schedules(config: TrainConfig) -> None:
         raise InputError(str(e)) from None
 
 
+# The losses each store selection holds the values of: (representations, in words). A hybrid record's
+# head is a top-k record (the top-k and its tail mass), so the top-k losses read it too.
+_FITS = {
+    "topk": (("topk", "topk_tail"), "topk_kl or a topk_tail_* loss (topk_tail_kl, topk_tail_reverse_kl, ...)"),
+    "sampled": (("sampled",), "a sampled_* loss (sampled_kl, sampled_jsd, ...)"),
+    "hybrid": (("hybrid", "topk", "topk_tail"), "hybrid_kl (its default), or topk_kl / a topk_tail_* loss on its "
+                                               "head"),
+}
+
+
 def _check_loss(config: TrainConfig, source: TrainSource, loss: str) -> None:
     """The loss against what the data holds (offline: the store's selection and tails)."""
     if source.manifest is None:
@@ -221,11 +233,9 @@ def _check_loss(config: TrainConfig, source: TrainSource, loss: str) -> None:
     from ..store import manifest as manifest_mod
 
     rep = representation(loss)
-    if (source.selection == "sampled") != (rep == "sampled"):
-        fits = ("a sampled_* loss (sampled_kl, sampled_jsd, ...)" if source.selection == "sampled"
-                else "topk_kl or a topk_tail_* loss (topk_tail_kl, topk_tail_reverse_kl, ...)")
+    if rep not in _FITS[source.selection][0]:
         raise InputError(f"--loss {loss} does not fit {source.where}: it holds a {source.selection} selection; "
-                         f"use {fits}")
+                         f"use {_FITS[source.selection][1]}")
     if rep == "topk_tail" and source.top_k >= source.vocab_size:
         raise InputError(f"--loss {loss} needs tail mass, but {source.where} keeps top_k={source.top_k} of "
                          f"vocab_size={source.vocab_size} entries: there is no tail; use --loss topk_kl (exact there)")

@@ -24,7 +24,7 @@ class TrainSource:
     mode: str  # "offline" | "online"
     records: Any  # a Grain random-access source of example dicts
     where: str  # "store S" / "teacher T", for messages
-    selection: str  # "topk" | "sampled"
+    selection: str  # "topk" | "sampled" | "hybrid"
     top_k: int  # k, or the draws per position N of a sampled selection
     vocab_size: int
     seq_len: int
@@ -53,13 +53,14 @@ class TrainSource:
         return self.num_examples
 
     def proposal_temperature(self, config: TrainConfig) -> float:
-        if self.manifest is not None and self.selection == "sampled":
+        if self.manifest is not None and self.selection in ("sampled", "hybrid"):
             return float(self.manifest["shapes"]["proposal_temperature"])
         return float(config.proposal_temperature)
 
     def tempered(self, loss: str, temperature: float) -> bool:
-        """Whether the loss needs the tail mass tempered at ``temperature`` (a topk_tail_* loss at T != 1)."""
-        return representation(loss) == "topk_tail" and float(temperature) != 1.0
+        """Whether the loss needs the tail mass tempered at ``temperature`` (a topk_tail_* or hybrid loss at
+        T != 1)."""
+        return representation(loss) in ("topk_tail", "hybrid") and float(temperature) != 1.0
 
     def batch_fields(self, loss: str, temperature: float) -> tuple:
         return loader.MODEL_FIELDS + FIELDS[loss] + (("tail_logprob_tempered",) if self.tempered(loss, temperature)
@@ -76,7 +77,7 @@ class TrainSource:
         options: dict = {"check": RecordCheck(self.manifest, self.records.uri)}  # (a store that exists)
         if self.tempered(loss, temperature):
             options["tempered_index"] = manifest_mod.tail_temperatures_of(self.manifest).index(float(temperature))
-        if representation(loss) == "sampled":
+        if self.selection in ("sampled", "hybrid"):  # records of varying slots: padded to N
             options["sample_width"] = int(self.manifest["shapes"]["num_samples"])
         return options
 

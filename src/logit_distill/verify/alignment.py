@@ -100,11 +100,13 @@ def _prepare_teacher(manifest: dict, teacher: str):
     return load_model(teacher, dtype=dtype)
 
 
-def _spot_fn(apply, k: int):
+def _spot_fn(apply, k: int, proposal_temperature: float | None = None):
+    """The teacher's top-k, tail and log-probs at the stored ids; with ``proposal_temperature`` (a hybrid
+    store) also ``tail_plogp``, the tail's ``sum p_t log p_t`` as the dump computes it."""
     import jax
     import jax.numpy as jnp
 
-    from ..selection import select_topk
+    from ..selection import select_hybrid_tail_plogp, select_topk
 
     @jax.jit
     def fn(params, tokens, positions, segment_ids, stored_ids):
@@ -112,6 +114,8 @@ def _spot_fn(apply, k: int):
         out = select_topk(logits, k)
         lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
         out["stored_ids_logprob"] = jnp.take_along_axis(logits, stored_ids, axis=-1) - lse
+        if proposal_temperature is not None:
+            out["tail_plogp"] = select_hybrid_tail_plogp(logits, out["topk_ids"], proposal_temperature)
         return out
 
     return fn
@@ -202,7 +206,8 @@ def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | N
         return
     if ctx.manifest["shapes"].get("selection") == "sampled":
         return _check_teacher_sampled(ctx, loaded, todo, kept, atol, chk)
-    fn = _spot_fn(loaded.apply, ctx.top_k)
+    hybrid = ctx.manifest["shapes"].get("selection") == "hybrid"
+    fn = _spot_fn(loaded.apply, ctx.top_k, float(ctx.manifest["shapes"]["proposal_temperature"]) if hybrid else None)
     bs = min(8, len(todo))
     floor = codec_mod.LOGPROB_FLOOR if ctx.codec == "default" else -np.inf
     max_err, id_agree, id_total, positions_bad = 0.0, 0, 0, 0
@@ -211,7 +216,8 @@ def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | N
         recs = [kept[g][0] for g, _, _ in group]
         recs += [recs[-1]] * (bs - len(recs))  # one shape, one compilation
         stack = {key: np.stack([r[key] for r in recs]) for key in
-                 ("tokens", "positions", "segment_ids", "topk_ids", "topk_logprobs", "tail_logprob")}
+                 ("tokens", "positions", "segment_ids", "topk_ids", "topk_logprobs", "tail_logprob")
+                 + (("tail_plogp",) if hybrid else ())}
         stored_ids = np.clip(stack["topk_ids"], 0, ctx.vocab - 1).astype(np.int32)
         out = fn(loaded.params, stack["tokens"], stack["positions"], stack["segment_ids"], stored_ids)
         out = {key: np.asarray(v) for key, v in out.items()}
@@ -226,6 +232,8 @@ def _check_teacher(ctx: _Ctx, loaded, samples: list, kept: dict, atol: float | N
                 d_ids = np.abs(t_at_stored - t_top)
                 d_tail = np.where(stack["tail_logprob"][j] == t_tail, 0.0, np.abs(stack["tail_logprob"][j] - t_tail))
             err = np.maximum(np.maximum(d_value, d_ids).max(-1), d_tail)
+            if hybrid:  # the tail's sum p log p, a 16-bit fixed-point value as the log-probs
+                err = np.maximum(err, np.abs(stack["tail_plogp"][j] - out["tail_plogp"][j]))
             err = np.where(np.isnan(err), np.inf, err)
             held = _held(ctx, recs[j])
             err = np.where(held, err, 0.0)

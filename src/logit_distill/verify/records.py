@@ -32,6 +32,12 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         return _check_sampled_batch(ctx, chunk, first, raws, res)
     n, L, k, V = len(raws), ctx.seq_len, ctx.top_k, ctx.vocab
     m = len(ctx.manifest["shapes"].get("tail_temperatures", []))
+    # a hybrid record: this top-k head, plus N draws from the rest and the tail's sum p log p
+    hybrid = ctx.manifest["shapes"].get("selection") == "hybrid"
+    N = int(ctx.manifest["shapes"].get("num_samples") or 0)
+    draw_ids = np.zeros((n, L, N), np.int32)
+    draw_counts = np.zeros((n, L, N), np.int32)
+    plogp = np.zeros((n, L), np.float32)
     uri = ctx.chunk_uri(chunk)
     chk = res.records
     ids = np.zeros((n, L, k), np.int32)
@@ -53,8 +59,9 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         try:
             h = codec_mod.decode_header(raw)
             bad = [f"{key} {h[key]} (manifest: {want})" for key, want in (
-                ("codec", ctx.codec), ("selection", "topk"), ("seq_len", L), ("top_k", k), ("id_bits", ctx.id_bits),
-                ("aux", m), ("masked", ctx.masked)) if h[key] != want]
+                ("codec", ctx.codec), ("selection", "hybrid" if hybrid else "topk"), ("seq_len", L), ("top_k", k),
+                ("id_bits", ctx.id_bits), ("aux", m), ("masked", ctx.masked),
+                *((("num_samples", N),) if hybrid else ())) if h.get(key) != want]
             if bad:
                 chk.add("header", f"{label(i)}: header says {', '.join(bad)}: a record of another configuration",
                         **where(i))
@@ -76,6 +83,9 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
         dtype_ok &= (rec["topk_ids"].dtype == np.int32 and rec["tokens"].dtype == np.int32
                      and rec["topk_logprobs"].dtype == np.float32 and rec["tail_logprob"].dtype == np.float32)
         ids[i], lp[i], tail[i] = rec["topk_ids"], rec["topk_logprobs"], rec["tail_logprob"]
+        if hybrid:
+            S = rec["sample_ids"].shape[1]
+            draw_ids[i, :, :S], draw_counts[i, :, :S], plogp[i] = rec["sample_ids"], rec["sample_counts"], rec["tail_plogp"]
         if m:
             kept_tempered[i] = rec["tail_logprob_tempered"]
         tokens[i], seg[i], loss_mask[i] = rec["tokens"], rec["segment_ids"], rec["loss_mask"]
@@ -98,8 +108,13 @@ def _check_batch(ctx: _Ctx, chunk, first: int, raws: list[bytes], res: _ChunkRes
     tempered_all = np.stack([kept_tempered.get(i, np.zeros((L, m), np.float32)) for i in range(n)]) if m else None
     # A masked store holds values at supervised positions only: those are judged, and the mask itself.
     supervised = loss_mask if ctx.masked else None
-    per_position = checks.topk_problems(ids, lp, tail, vocab=V, codec=ctx.codec, tokens=tokens, tempered=tempered_all,
-                                        supervised=supervised)
+    if hybrid:
+        per_position = checks.hybrid_problems(ids, lp, tail, draw_ids, draw_counts, plogp, vocab=V, codec=ctx.codec,
+                                              num_samples=N, tokens=tokens, tempered=tempered_all,
+                                              supervised=supervised)
+    else:
+        per_position = checks.topk_problems(ids, lp, tail, vocab=V, codec=ctx.codec, tokens=tokens,
+                                            tempered=tempered_all, supervised=supervised)
     if ctx.masked:
         per_position.update(checks.mask_problems(loss_mask, seg))
     any_bad = np.zeros((n, L), bool)
