@@ -24,10 +24,11 @@ $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 
 venv: $(TEST_STAMP)
 
-# the test files run in parallel, one file per worker at a time (a file's module fixtures are built once);
-# TEST_WORKERS=1 runs them one after another
+# the test files run in parallel, one file per worker at a time (a file's module fixtures are built once),
+# in the order tests/conftest.py collects them (the longest files first: xdist would otherwise start the files
+# with the most tests first and leave the one-test demo file to the end); TEST_WORKERS=1 runs them one after another
 TEST_WORKERS ?= 3
-PYTEST_PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST_PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL)

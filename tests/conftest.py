@@ -20,6 +20,24 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Module- and session-scoped fixtures run before the per-test cache below: give them a fresh one too.
 os.environ["LOGIT_DISTILL_CACHE"] = tempfile.mkdtemp(prefix="logit-distill-test-cache-")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# One persistent JAX compilation cache for the whole run, shared by the workers and every subprocess a
+# test starts (the same tiny models are compiled in many processes: a training subprocess spends ~40% less
+# CPU when its programs are cached). A fresh folder per run, removed at the end; every program is cached
+# (no minimum compile time), and a size limit turns on JAX's file lock, which concurrent processes need.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="logit-distill-test-jax-cache-")
+    os.environ["LOGIT_DISTILL_TEST_OWNS_JAX_CACHE"] = "1"
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+
+
+def pytest_unconfigure(config):
+    """The run's JAX cache goes with the run (removed by the process that made it, after its workers)."""
+    if os.environ.get("LOGIT_DISTILL_TEST_OWNS_JAX_CACHE") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import shutil
+
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

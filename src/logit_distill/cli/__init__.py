@@ -8,6 +8,14 @@
             flag by flag) and ``run(args) -> exit status``
 """
 
-from .main import main
+try:
+    from .main import main
+except KeyboardInterrupt:  # Ctrl-C while the command line itself loads, before main() can catch it
+    import sys
+
+    _command = next((a for a in sys.argv[1:] if a in ("dump", "verify", "train", "preset")), None)
+    print(f"logit-distill{' ' + _command if _command else ''}: interrupted (Ctrl-C) while starting; "
+          "nothing was written", file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
 
 __all__ = ["main"]
