@@ -21,7 +21,7 @@ import pytest
 from chat_helpers import CONVERSATIONS, WEATHER_TOOL, hf_tokenizer, template_text, write_chat_tokenizer
 from logit_distill.data import ChatOptions, ExampleSource, InputError, load_tokenizer, parse_template_kwargs
 from logit_distill.data import plan_identity, settings_identity, write_pretokenized
-from logit_distill.data.chat_template import load_chat_template, special_token_variables
+from logit_distill.data.chat_template import ChatTemplate, load_chat_template, special_token_variables
 from logit_distill.data.conversations import Completion, Conversation
 from logit_distill.data.supervision import ChatPreparer
 
@@ -147,6 +147,41 @@ def test_where_the_template_comes_from(tmp_path):
         "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ 'd' }}"}]})
     assert load_chat_template(listed, template_file=None, **kw).text == "{{ 'd' }}"
     assert load_chat_template(write_chat_tokenizer(tmp_path / "n", where="none"), template_file=None, **kw) is None
+
+
+def test_the_sandbox_decides_as_jinja2s_own():
+    # The template's sandbox reads plain dicts' keys directly and keeps its verdicts per (type, name):
+    # every attribute it gives or refuses is what jinja2's ImmutableSandboxedEnvironment gives or refuses.
+    import collections
+    import types
+
+    from jinja2 import Undefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
+
+    ours, theirs = ChatTemplate("", "t", {}, ChatOptions().now)._template.environment, ImmutableSandboxedEnvironment()
+
+    def same(got, want):
+        if isinstance(want, Undefined):
+            return type(got) is type(want) and all(getattr(got, a) == getattr(want, a) for a in (
+                "_undefined_hint", "_undefined_name", "_undefined_exception"))
+        if hasattr(want, "__wrapped__"):  # str.format, wrapped by the sandbox anew at each access
+            return got.__wrapped__ == want.__wrapped__
+        return got == want
+
+    objects = ["text", {"content": "c", "items": "i", "_x": 1}, [1], {1}, collections.deque(), 1.5, None, same,
+               "s".upper, str, (x for x in ()), Namespace(a=1), types.SimpleNamespace(a=1)]
+    names = ["content", "items", "keys", "get", "clear", "update", "pop", "append", "add", "upper", "format", "mro",
+             "a", "_x", "__class__", "__globals__", "__code__", "gi_frame", "__self__", "missing"]
+    for obj in objects:
+        for name in names:
+            for _ in range(2):  # the second time from the kept verdict
+                value = getattr(obj, name, None)
+                verdict = ours.is_safe_attribute(obj, name, value)
+                assert verdict == theirs.is_safe_attribute(obj, name, value), (obj, name)
+                assert same(ours.getattr(obj, name), theirs.getattr(obj, name)), (obj, name)
+    with pytest.raises(InputError, match="SecurityError"):  # a template may still not change its input
+        ChatTemplate("{{ messages.append(1) }}", "t", {}, ChatOptions().now).render([])
 
 
 # ----------------------------------------------------------------------------- masks
