@@ -10,7 +10,8 @@ SIZES = {
         "verify_steps": 256, "verify_batch": 4, "verify_seq_len": 256, "verify_repeats": 7,
         "kd_docs": 896, "kd_eval_docs": 128, "kd_doc_len": 40, "kd_seq_len": 64, "kd_steps": 200, "kd_top_k": 64,
         "kd_batch": 8,
-        # the fidelity group at vocabulary 1024 (about 10 minutes on 2 quiet cores); --full: 4096, every row
+        # the fidelity group at vocabulary 1024 (about 8 CPU-minutes with its documents and stores cached under
+        # bench/out/fidelity/cache, 10 without); --full: 4096, every row
         **{"fid_vocab": 1024, "fid_head_scale": 21.0, "fid_student_layers": 1, "fid_student_width": 64,
            "fid_docs": 2048, "fid_val_docs": 128, "fid_test_docs": 256, "fid_seq_len": 32, "fid_batch": 8,
            "fid_seeds": 3, "fid_lr": 5e-3, "fid_warmup": 100, "fid_eval_every": 50, "fid_patience": 3,
