@@ -101,7 +101,7 @@ def dump(size: dict, want: set) -> dict:
     kept: dict[int, dict] = {}
     last = {}
 
-    def compute_only(keep: bool = False):
+    def compute_only():
         mesh = dump_mesh(config)
         teacher, source, plan = load_teacher_and_data(config, mesh)
         manifest = plan.manifest
@@ -113,10 +113,9 @@ def dump(size: dict, want: set) -> dict:
             step, local, out = item
             compute.nonfinite(out)  # run_dump's finite check: scalars over the whole batch
             records = compute.fetch(out)
-            if keep:
-                records.update(local)
-                records["example_index"] = np.arange(step * B, (step + 1) * B, dtype=np.int64)
-                kept[step] = records
+            records.update(local)  # kept for the codec figures (every pass computes the same records)
+            records["example_index"] = np.arange(step * B, (step + 1) * B, dtype=np.int64)
+            kept[step] = records
 
         for step in range(N):  # run_dump's loop: dispatch step s, then fetch step s - 1
             local = source.batch(range(step * B, (step + 1) * B))
@@ -153,8 +152,6 @@ def dump(size: dict, want: set) -> dict:
             v.clear()
         log(f"dump: {size['dump_repeats']} interleaved rounds of {N} steps x {B} examples x {L} tokens")
         walls = common.interleave(fns, size["dump_repeats"])
-    compute_only(keep=True)  # the records once more, kept, for the codec figures
-    loops["compute_only"].pop()
 
     detail_common = {
         "teacher": "bench teacher (Qwen3-style, 8 layers, width 512, vocab 32000)",

@@ -16,7 +16,10 @@ The set-up (docs/BENCHMARKS.md reports it; the figures come from ``python -m ben
 - Students: the same family, smaller (``fid_student_layers``, ``fid_student_width``: one layer by default),
   their own initialisation per seed; the seeds of a row train together
   (``jax.vmap`` over the seeds), each on its own shuffle. Adam (b1 0.9, b2 0.95), clipping at 1,
-  alpha 1 (CE only: 0), T 1, ``losses.distill_loss`` as training uses it.
+  alpha 1 (CE only: 0), T 1, ``losses.distill_loss`` as training uses it. The full-KD row reads the
+  teacher's logits over the training documents, computed once. The training set and the stores' fields
+  live on the device; the steps between two evaluations run as one call (``lax.scan``), each gathering
+  its batch by index there, compiled once per loss.
 - Stopping rule (per seed): the validation KL(teacher || student) over the full vocabulary is measured
   every ``fid_eval_every`` steps; a plateau is ``fid_patience`` evaluations without a relative improvement of
   ``fid_tolerance`` on the best so far. At a plateau the learning rate is multiplied by ``fid_decay``; the
@@ -69,7 +72,7 @@ STORES = {
     "hybrid4x16": ("hybrid", {"k": 4, "n": 16}, ("hybrid",)),
     "hybrid8x8": ("hybrid", {"k": 8, "n": 8}, ("hybrid",)),
 }
-# row -> (store, loss); store None: CE only (alpha 0); "online": the teacher in the loop, full vocabulary
+# row -> (store, loss); store None: CE only (alpha 0); "online": the teacher's full logits (the whole vocabulary)
 ROWS = {  # in the order they run: the reference rows and the candidates within 48 bytes first
     "ce_only": (None, None),
     "full_kd_online": ("online", "full_kl"),
@@ -240,7 +243,7 @@ def _teacher_stats(teacher, docs: np.ndarray) -> dict:
 
 def _row_key(name: str, size: dict) -> str:
     what = {"row": ROWS[name], "store": STORES.get(ROWS[name][0]), "settings": {k: size[k] for k in SETTINGS},
-            "teacher": model_config(size["fid_vocab"]), "scale": float(size["fid_head_scale"]), "version": 2}
+            "teacher": model_config(size["fid_vocab"]), "scale": float(size["fid_head_scale"]), "version": 3}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -263,7 +266,10 @@ class _Trainer:
         apply, tx = self.student.apply, self.tx
         self._steps: dict = {}
 
-        def make_step(kind, alpha, online):
+        def make_block(kind, alpha):
+            """``E`` steps in one call (``lax.scan``): the training set and the stores' fields stay on
+            the device; each step gathers its batch by index there, so the host does nothing per step."""
+
             def one(params, opt_state, batch, lr):
                 def loss_fn(p):
                     z = apply(p, batch["tokens"], batch["positions"], batch["segment_ids"])
@@ -274,15 +280,23 @@ class _Trainer:
                 params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
                 return params, opt_state, value
 
-            def step(params, opt_state, batch, lr):
-                if online:
-                    batch = {**batch, "teacher_logits": jax.vmap(
-                        lambda b: teacher.apply(teacher.params, b["tokens"], b["positions"], b["segment_ids"]))(batch)}
-                return jax.vmap(one)(params, opt_state, batch, lr)
+            def block(params, opt_state, data, fields, idx, lr):
+                # data: {name: [n, L]}; fields: {name: [S, n, L, ...]}; idx: int32 [E, S, B]; lr: [E, S]
+                def body(carry, x):
+                    params, opt_state = carry
+                    i, lr_t = x
+                    batch = {k: v[i] for k, v in data.items()}  # [S, B, L]
+                    for k, v in fields.items():
+                        batch[k] = jax.vmap(lambda f, j: f[j])(v, i)
+                    params, opt_state, _ = jax.vmap(one)(params, opt_state, batch, lr_t)
+                    return (params, opt_state), None
 
-            return jax.jit(step, donate_argnums=(0, 1))
+                (params, opt_state), _ = jax.lax.scan(body, (params, opt_state), (idx, lr))
+                return params, opt_state
 
-        self._make_step = make_step
+            return jax.jit(block, donate_argnums=(0, 1))
+
+        self._make_step = make_block
 
         @jax.jit
         def val_kl(params, tokens, positions, segment_ids, teacher_logits):  # [S] sums of KL, count
@@ -309,11 +323,21 @@ class _Trainer:
                                 best, params)
 
         self.val_kl, self.test_sums, self.keep_best = val_kl, test_sums, keep_best
+        self._teacher_fn = jax.jit(lambda tokens, positions, segment_ids: teacher.apply(
+            teacher.params, tokens, positions, segment_ids))
 
-    def step_fn(self, kind, alpha, online):
-        key = (kind, alpha, online)
+    def teacher_logits(self, docs: np.ndarray):
+        """The teacher's logits ``[n, L, V]`` over ``docs`` (on the device), 64 documents a call."""
+        import jax.numpy as jnp
+
+        rows = _model_inputs(docs)
+        return jnp.concatenate([self._teacher_fn(*{k: v[s:s + 64] for k, v in rows.items()}.values())
+                                for s in range(0, len(docs), 64)])
+
+    def step_fn(self, kind, alpha):
+        key = (kind, alpha)
         if key not in self._steps:
-            self._steps[key] = self._make_step(kind, alpha, online)
+            self._steps[key] = self._make_step(kind, alpha)
         return self._steps[key]
 
 
@@ -333,7 +357,7 @@ def _train_row(trainer: _Trainer, name: str, size: dict, docs: dict, stores: dic
     store, loss = ROWS[name]
     S, B = size["fid_seeds"], size["fid_batch"]
     kind, alpha = (loss, 1.0) if loss else ("topk_kl", 0.0)
-    step = trainer.step_fn(kind, alpha, store == "online")
+    step = trainer.step_fn(kind, alpha)
     params = _stack([common.build(trainer.config, 100 + s).params for s in range(S)])
     opt_state = jax.vmap(trainer.tx.init)(params)
     best = jax.tree.map(jnp.copy, params)
@@ -363,20 +387,27 @@ def _train_row(trainer: _Trainer, name: str, size: dict, docs: dict, stores: dic
     curve = []
     val = _model_inputs(docs["val"])
     t0, cpu0 = time.perf_counter(), time.process_time()
+    data = {k: jnp.asarray(v) for k, v in base.items()}
+    if store == "online":  # the teacher's full logits over the training documents, computed once
+        data["teacher_logits"] = trainer.teacher_logits(train)
+    fields = {k: jnp.asarray(v) for k, v in fields.items()}
+    E = size["fid_eval_every"]
     steps = 0
-    for steps in range(1, size["fid_max_steps"] + 1):
-        if cursor + B > n:
-            perms = [o.permutation(n) for o in orders]
-            cursor = 0
-        idx = np.stack([p[cursor:cursor + B] for p in perms])  # [S, B]
-        cursor += B
-        batch = {k: jnp.asarray(v[idx]) for k, v in base.items()}
-        for k, v in fields.items():
-            batch[k] = jnp.asarray(v[np.arange(S)[:, None], idx])
-        lr = lr0 * min(1.0, steps / warmup) * scale * ~done
-        params, opt_state, _ = step(params, opt_state, batch, jnp.asarray(lr, jnp.float32))
-        if steps % size["fid_eval_every"]:
-            continue
+    while steps < size["fid_max_steps"]:
+        block = range(steps + 1, min(steps + E, size["fid_max_steps"]) + 1)
+        idx, lr = [], []
+        for t in block:  # the same order and schedule as one step at a time
+            if cursor + B > n:
+                perms = [o.permutation(n) for o in orders]
+                cursor = 0
+            idx.append(np.stack([p[cursor:cursor + B] for p in perms]))  # [S, B]
+            cursor += B
+            lr.append(lr0 * min(1.0, t / warmup) * scale * ~done)
+        params, opt_state = step(params, opt_state, data, fields, jnp.asarray(np.stack(idx), jnp.int32),
+                                 jnp.asarray(np.stack(lr), jnp.float32))
+        steps = block[-1]
+        if steps % E:
+            break
         total, count = 0.0, 0
         for start in range(0, len(docs["val"]), 64):
             part = {k: v[start:start + 64] for k, v in val.items()}

@@ -4,20 +4,22 @@ entry point (``python -m bench.fidelity_bench``) the same."""
 SIZES = {
     "quick": {
         "selection_seq_len": 512, "selection_repeats": 9,
-        "dump_seq_len": 256, "dump_batch": 2, "dump_steps": 12, "dump_steps_per_file": 3, "dump_repeats": 6,
+        "dump_seq_len": 256, "dump_batch": 2, "dump_steps": 8, "dump_steps_per_file": 2, "dump_repeats": 6,
         "resume_chunks": 10_000, "resume_repeats": 5,
         "train_seq_len": 256, "train_batch": 4, "train_repeats": 7, "loader_batches": 64,
         "verify_steps": 256, "verify_batch": 4, "verify_seq_len": 256, "verify_repeats": 7,
         "kd_docs": 896, "kd_eval_docs": 128, "kd_doc_len": 40, "kd_seq_len": 64, "kd_steps": 200, "kd_top_k": 64,
         "kd_batch": 8,
-        # the fidelity group at vocabulary 1024 (about 10 minutes on 2 quiet cores); --full: 4096, every row
+        # the fidelity group at vocabulary 1024 (about 8 CPU-minutes with its documents and stores cached under
+        # bench/out/fidelity/cache, 10 without); --full: 4096, every row
         **{"fid_vocab": 1024, "fid_head_scale": 21.0, "fid_student_layers": 1, "fid_student_width": 64,
            "fid_docs": 2048, "fid_val_docs": 128, "fid_test_docs": 256, "fid_seq_len": 32, "fid_batch": 8,
-           "fid_seeds": 3, "fid_lr": 5e-3, "fid_warmup": 100, "fid_eval_every": 100, "fid_patience": 3,
-           "fid_tolerance": 5e-3, "fid_decay": 0.25, "fid_decays": 2, "fid_max_steps": 8000,
+           "fid_seeds": 3, "fid_lr": 5e-3, "fid_warmup": 100, "fid_eval_every": 50, "fid_patience": 3,
+           "fid_tolerance": 5e-3, "fid_decay": 0.25, "fid_decays": 2, "fid_max_steps": 6000,
            "fid_rows": ["ce_only", "full_kd_online", "topk_tail_kl_k64", "sampled_kl_n32", "hybrid_kl_k4_n16"]},
-        "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 5, "teacher_matmul_n": 2048,
-        "load_repeats": 5, "moe_shape": (2, 1024),
+        # L=4096: 3 rounds (its per-round spread is +-5%, against +-15% at L=1024)
+        "teacher_shapes": [(2, 1024), (1, 4096)], "teacher_repeats": 5, "teacher_repeats_4096": 3,
+        "teacher_matmul_n": 2048, "load_repeats": 5, "moe_shape": (2, 1024),
         "chat_conversations": 2000, "chat_repeats": 7, "chat_store_conversations": 64, "chat_store_seq_len": 1024,
     },
     "full": {

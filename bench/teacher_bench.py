@@ -108,6 +108,7 @@ def utilization(size: dict, cfg: dict = BENCH_TEACHER, dtype: str = "float32", m
         compute, run = _teacher_step(model, {"top_k": 64, "seq_len": L, "batch_size": B, "dtype": dtype,
                                              **(extra or {})})
         args = _inputs(B, L, cfg["vocab_size"])
+        rounds = size.get(f"teacher_repeats_{L}", repeats)
         step = lambda: jax.block_until_ready(run(*args))  # noqa: E731
         t0 = time.perf_counter()
         step()
@@ -118,8 +119,8 @@ def utilization(size: dict, cfg: dict = BENCH_TEACHER, dtype: str = "float32", m
         # same stretch of background load
         reps = max(1, round(t_step / max(t_mm, 1e-9)))
         mm_block = lambda: [mm() for _ in range(reps)]  # noqa: E731
-        log(f"teacher: B={B} L={L}: {repeats} interleaved rounds (compile {compile_s:.1f} s, matmul x{reps})")
-        times = common.interleave({"teacher_step": step, "matmul": mm_block}, repeats)
+        log(f"teacher: B={B} L={L}: {rounds} interleaved rounds (compile {compile_s:.1f} s, matmul x{reps})")
+        times = common.interleave({"teacher_step": step, "matmul": mm_block}, rounds)
         times["matmul"] = [t / reps for t in times["matmul"]]
         flops = common.forward_flops_per_token(cfg, L) * B * L
         per_round = [(flops / t) / (mm_flops / m) for t, m in zip(times["teacher_step"], times["matmul"])]

@@ -264,9 +264,19 @@ def kd_vs_ce(size: dict) -> dict:
     teacher = load_model(teacher_spec)
     eos = int(teacher.hf_config["eos_token_id"])
     tokenizer = teacher.tokenizer_path  # the presets' tokenizer covers all 512 ids
-    log(f"kd: sampling {n_train + n_eval} documents of {doc_len} tokens from {teacher_spec}")
+    # the documents are a pure function of the teacher, their number, length and seed: sampled once, kept
+    cache = os.path.join(common.OUT, "kd-cache",
+                         f"docs-{teacher_spec.split(':')[-1]}-{n_train + n_eval}x{doc_len}-seed0.npz")
     t0 = time.perf_counter()
-    docs = sample_documents(teacher, num_docs=n_train + n_eval, doc_len=doc_len, seed=0, bos_id=eos)
+    if os.path.exists(cache):
+        with np.load(cache) as f:
+            docs = list(f["docs"])
+    else:
+        log(f"kd: sampling {n_train + n_eval} documents of {doc_len} tokens from {teacher_spec}")
+        docs = sample_documents(teacher, num_docs=n_train + n_eval, doc_len=doc_len, seed=0, bos_id=eos)
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        np.savez(cache + ".tmp.npz", docs=np.stack(docs))
+        os.replace(cache + ".tmp.npz", cache)
     sample_s = time.perf_counter() - t0
     train_data = write_pretokenized(os.path.join(root, "train.array_record"), docs[:n_train])
     eval_data = write_pretokenized(os.path.join(root, "eval.array_record"), docs[n_train:])
