@@ -253,7 +253,7 @@ def render(doc: dict) -> str:
         "## How to run",
         "",
         "```",
-        "make bench                                  # everything, default sizes (about 16 CPU-minutes for the groups selection to chat, then about 8 for fidelity, 10 with its documents and stores not yet cached)",
+        "make bench                                  # everything, default sizes (about 16 CPU-minutes for the groups selection to chat, then about 18 for fidelity)",
         "python -m bench.run --only dump,train      # a subset: keys or groups (selection, dump, resume, verify, train, kd, fidelity, teacher, chat)",
         "bash bench/device_teacher.sh               # the teacher group on an accelerator (1.7B bfloat16, L=4096)",
         "python -m bench.run --full                 # larger sizes, more repeats (longer)",
