@@ -243,9 +243,7 @@ def dump_setup(tmp_path_factory):
     from dump_helpers import teacher_dir, write_corpus
 
     root = tmp_path_factory.mktemp("lease")
-    # The dumps these tests start share JAX's compilation cache: half the CPU time of each.
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env = dict(os.environ)  # with the run's shared JAX compilation cache (tests/conftest.py)
     return {"teacher": teacher_dir(root), "data": write_corpus(root / "corpus.jsonl", num_docs=40), "env": env}
 
 

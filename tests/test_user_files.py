@@ -42,8 +42,7 @@ def dumped(tmp_path_factory):
     run_dump(DumpConfig(teacher=teacher, data=data, output=store, top_k=8, seq_len=32, batch_size=4, num_steps=6,
                         steps_per_file=2, progress=False))
     student = teacher_dir(root / "models", seed=1)
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env = dict(os.environ)  # with the run's shared JAX compilation cache (tests/conftest.py)
     return {"root": root, "teacher": teacher, "data": data, "data_dir": str(data_dir), "store": store,
             "student": student, "body": str(data_dir / "body.jsonl"), "env": env}
 
