@@ -237,6 +237,9 @@ def test_verify_judges_hybrid_records(tmp_path, damage, found):
     report = verify_store(VerifyConfig(store=uri, progress=False))
     if found is None:
         assert report.passed, report.failure_line()
+        f = report.figures  # per position (2 x 8), and per entry: the head's 2 and the 4 draws of each position
+        assert f["bytes_per_position"] == pytest.approx(f["bytes"] / 16)
+        assert f["bytes_per_entry"] == pytest.approx(f["bytes"] / (16 * (2 + 4)))
         return
     assert not report.passed and found in report.failure_line()
     assert "example 1" in report.failure_line() and "position 5" in report.failure_line()
