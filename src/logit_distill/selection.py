@@ -558,7 +558,7 @@ def select_hybrid_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int,
     target = (_uniforms(keys, 1) + jnp.arange(N, dtype=jnp.float32)) / N  # [B, L, N], as _systematic_draws
 
     def pass2(state, start, logits):
-        draws, draw_lp, done, cum, last, last_lp, plogp, target = state
+        draws, draw_lp, done, cum, last, last_lp, plogp = state
         size = logits.shape[-1]
         scaled = _mask_ids(logits * s if s != 1.0 else logits, top_i, start, -jnp.inf)  # head: -inf
         cdf = cum[..., None] + jnp.cumsum(jnp.exp(scaled - log_tail[..., None]), axis=-1)
@@ -575,13 +575,14 @@ def select_hybrid_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int,
         last = jnp.where(grew, at + start, last)
         last_lp = jnp.where(grew, jnp.take_along_axis(logprobs, at[..., None], axis=-1)[..., 0], last_lp)
         plogp = plogp + _plogp(scaled - lse_s[..., None])
-        return draws, draw_lp, done | here, end, last, last_lp, plogp, target
+        return draws, draw_lp, done | here, end, last, last_lp, plogp
 
+    # per draw: its id, log-prob and whether it is placed; per position: the tail's cumulative mass so far, the
+    # id where it was last reached (and its log-prob), and the tail's sum p_t log p_t so far
     zeros = jnp.zeros(target.shape[:-1], jnp.float32)
-    # the state carries the targets, which depend on pass 1: pass 2's chunks come after it
     state = (jnp.zeros(target.shape, jnp.int32), jnp.zeros(target.shape, jnp.float32), jnp.zeros(target.shape, bool),
-             zeros, jnp.zeros(target.shape[:-1], jnp.int32), zeros, zeros, target)
-    draws, draw_lp, done, _, last, last_lp, plogp, _ = fold_vocab_chunks(head, x, vocab_size, chunk, pass2, state)
+             zeros, jnp.zeros(target.shape[:-1], jnp.int32), zeros, zeros)
+    draws, draw_lp, done, _, last, last_lp, plogp = fold_vocab_chunks(head, x, vocab_size, chunk, pass2, state)
     draws = jnp.where(done, draws, last[..., None])
     draw_lp = jnp.where(done, draw_lp, last_lp[..., None])
     out.update(_distinct(draws, draw_lp))
