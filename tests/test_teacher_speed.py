@@ -487,10 +487,13 @@ def test_vocabulary_chunked_hybrid_matches_full():
     chunks of 12 (fewer than the head's k = 16; not dividing 500): the same head; its log-probs, tails and
     tail_plogp within 1e-5 (42 chunks' logaddexps); the same draws and counts as the unchunked selection and
     float64 at every position where no target lies within 3e-6 of a step of the tail's cumulative distribution
-    (there the chunks' sums, rounding differently, may move a draw to the neighbouring id). Tempered at
+    (there the chunks' sums, rounding differently, may move a draw to the neighbouring id); a position without
+    a tail (k finite entries) draws id 0 N times in both. Tempered at
     t = 0.7; t = 1, one chunk and the model's head: test_vocabulary_chunked_sampling_matches_full."""
     B, L, V, k, N, chunk, t = 2, 32, 500, 16, 32, 12, 0.7
-    logits = jnp.asarray(np.random.default_rng(3).normal(size=(B, L, V)) * 3.0, jnp.float32)
+    x = (np.random.default_rng(3).normal(size=(B, L, V)) * 3.0).astype(np.float32)
+    x[0, 0, k:] = -np.inf  # no tail: every draw on id 0, as unchunked
+    logits = jnp.asarray(x)
     keys = sample_keys(7, jnp.arange(B), L)
     sliced = lambda x, s, n: jax.lax.dynamic_slice_in_dim(x, s, n, axis=-1)  # noqa: E731
     ref = {key: np.asarray(v) for key, v in jax.jit(lambda x: select_hybrid(x, k, N, keys, t))(logits).items()}
@@ -499,13 +502,17 @@ def test_vocabulary_chunked_hybrid_matches_full():
     assert set(got) == set(ref)
     np.testing.assert_array_equal(got["topk_ids"], ref["topk_ids"])
     for key in ("topk_logprobs", "tail_logprob", "tail_logprob_tempered", "tail_plogp"):
-        if key in ref:
-            assert np.abs(got[key] - ref[key]).max() <= 1e-5, key
+        np.testing.assert_allclose(got[key], ref[key], rtol=0, atol=1e-5, err_msg=key)
+    for key in ("sample_ids", "sample_counts"):
+        np.testing.assert_array_equal(got[key][0, 0], ref[key][0, 0], err_msg=key)
+    np.testing.assert_allclose(got["sample_logprobs"][0, 0], ref["sample_logprobs"][0, 0], rtol=0, atol=1e-5)
+    assert ref["sample_counts"][0, 0, 0] == N and ref["sample_ids"][0, 0, 0] == 0
     u = np.asarray(_uniforms(keys, 1))[..., 0].astype(np.float64)
-    x = np.asarray(logits)
     near = 0
     for b in range(B):
         for j in range(L):
+            if (b, j) == (0, 0):
+                continue
             draws, gap = _np_tail_draws(x[b, j], ref["topk_ids"][b, j], u[b, j], N, t)
             if gap < 3e-6:
                 near += 1

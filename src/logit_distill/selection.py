@@ -572,6 +572,8 @@ def select_hybrid_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int,
         end = cdf[..., -1]
         grew = end > cum
         at = jnp.argmax(cdf >= end[..., None], axis=-1).astype(jnp.int32)
+        if isinstance(start, int) and start == 0:  # the first chunk (unrolled): without a tail, id 0 as unchunked
+            last_lp = logprobs[..., 0]
         last = jnp.where(grew, at + start, last)
         last_lp = jnp.where(grew, jnp.take_along_axis(logprobs, at[..., None], axis=-1)[..., 0], last_lp)
         plogp = plogp + _plogp(scaled - lse_s[..., None])
