@@ -237,6 +237,9 @@ def test_verify_judges_hybrid_records(tmp_path, damage, found):
     report = verify_store(VerifyConfig(store=uri, progress=False))
     if found is None:
         assert report.passed, report.failure_line()
+        f = report.figures  # per position (2 x 8), and per entry: the head's 2 and the 4 draws of each position
+        assert f["bytes_per_position"] == pytest.approx(f["bytes"] / 16)
+        assert f["bytes_per_entry"] == pytest.approx(f["bytes"] / (16 * (2 + 4)))
         return
     assert not report.passed and found in report.failure_line()
     assert "example 1" in report.failure_line() and "position 5" in report.failure_line()
@@ -492,7 +495,11 @@ def test_train_from_a_hybrid_store_is_hybrid_kl_against_float64(setup, hybrid_st
 
     ref = hybrid_store
     common = dict(student="preset:tiny-qwen3@1", num_steps=1, batch_size=24, progress=False)
-    r = train_student(TrainConfig(store=ref, output=str(tmp_path / "off"), **common))
+    r = train_student(TrainConfig(store=ref, output=str(tmp_path / "off"), eval_store=ref, max_eval_examples=8,
+                                  **common))
+    # --eval-store on a hybrid store: its head's k + 1 bins, as a top-k store's (the draws are not read)
+    assert {"kl_bins", "top1_agreement", "topk_mass"} <= set(r.eval["teacher"]) and r.eval["teacher"]["k"] == 4
+    assert "kl_draws" not in r.eval["teacher"]
     import json
 
     with open(tmp_path / "off" / "train_config.json") as f:

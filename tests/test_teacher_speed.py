@@ -19,8 +19,9 @@ import pytest
 from logit_distill.errors import InputError
 from logit_distill.models import PRESETS, build_model, decoder, init_params
 from logit_distill.models import attention as attention_mod
-from logit_distill.selection import (make_teacher_sampled, make_teacher_topk, sample_keys, select_sampled,
-                               select_sampled_chunked, select_topk, select_topk_chunked, top_k_by_blocks)
+from logit_distill.selection import (_uniforms, make_teacher_hybrid, make_teacher_sampled, make_teacher_topk,
+                                     sample_keys, select_hybrid, select_hybrid_chunked, select_sampled,
+                                     select_sampled_chunked, select_topk, select_topk_chunked, top_k_by_blocks)
 
 # every family, weights large enough for peaked attention; Gemma 3 with both softcaps as well
 CONFIGS = {name: dict(PRESETS[f"tiny-{name}"], initializer_range=0.15)
@@ -257,7 +258,7 @@ def test_vocabulary_chunked_selection_matches_full(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,t", [("qwen3", 1.0), ("gemma3-softcaps", 0.7)])
 def test_vocabulary_chunked_sampling_matches_full(name, t):
-    """The chunked sampled selection draws the same ids with the same counts as the unchunked one for the
+    """The chunked sampled (and hybrid) selection draws the same ids with the same counts as the unchunked one for the
     same keys, chunks dividing the vocabulary of 512 or not; one chunk: bit for bit. Over the same logits
     (a head that slices them) log-probs agree within 1e-6; through the model's head within 5e-6 (a few float32
     ulps near -8: its matmul over a vocabulary slice rounds differently from the whole, by 2.2e-6 on some CPUs)."""
@@ -286,11 +287,23 @@ def test_vocabulary_chunked_sampling_matches_full(name, t):
             if chunk == m.vocab_size:
                 np.testing.assert_array_equal(out["sample_logprobs"], lp_ref["sample_logprobs"])
             assert np.abs(out["sample_logprobs"] - lp_ref["sample_logprobs"]).max() <= bound, chunk
+    # the hybrid selection (head k = 16, 16 draws from the tail): the same head, draws and counts; one chunk bit
+    # for bit (the dump's store bytes are then those of the unchunked selection)
+    hyb = {key: np.asarray(v) for key, v in make_teacher_hybrid(m.apply, 16, 16, seed=7, proposal_temperature=t)(
+        m.params, *batch, example_index).items()}
+    for chunk in (m.vocab_size, 100):
+        got = make_teacher_hybrid(None, 16, 16, seed=7, proposal_temperature=t, vocab_chunk=chunk, **split)(
+            m.params, *batch, example_index)
+        assert set(got) == set(hyb)
+        for key, v in got.items():
+            if chunk == m.vocab_size or hyb[key].dtype.kind == "i":
+                np.testing.assert_array_equal(np.asarray(v), hyb[key], err_msg=f"{chunk} {key}")
+            assert np.abs(np.asarray(v) - hyb[key]).max() <= 5e-6, (chunk, key)
 
 
 @pytest.mark.slow
 def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
-    """XLA's compiled memory analysis: the chunked selections' temporaries (sampled and top-k) stay flat
+    """XLA's compiled memory analysis: the chunked selections' temporaries (sampled, top-k, hybrid) stay flat
     from V = 4096 to 16384 (chunks of 1024), while the unchunked selection's grow with V."""
     B, L, D, N = 1, 128, 32, 16
 
@@ -298,6 +311,10 @@ def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
         def f(W, x, example_index):
             keys = sample_keys(0, example_index, L)
             head = lambda x, s, n: jnp.einsum("bld,vd->blv", x, jax.lax.dynamic_slice_in_dim(W, s, n))
+            if topk == "hybrid":
+                if chunk is None:
+                    return select_hybrid(head(x, 0, V), 8, N, keys)
+                return select_hybrid_chunked(head, x, V, 8, N, keys, chunk)
             if topk:
                 return select_topk_chunked(head, x, V, 8, chunk)
             if chunk is None:
@@ -315,6 +332,9 @@ def test_vocabulary_chunked_sampling_memory_does_not_grow_with_the_vocabulary():
     assert chunked[1] < full[1] / 3, (chunked, full)
     topk = [temp_bytes(V, 1024, topk=True) for V in (4096, 16384)]
     assert topk[1] < 1.2 * topk[0], topk
+    hybrid = [temp_bytes(V, 1024, topk="hybrid") for V in (4096, 16384)]
+    full_hybrid = temp_bytes(16384, None, topk="hybrid")
+    assert hybrid[1] < 1.2 * hybrid[0] and hybrid[1] < full_hybrid / 3, (hybrid, full_hybrid)
 
 
 @pytest.mark.slow
@@ -448,3 +468,60 @@ def test_tensor_parallel_and_streamed_loading_on_eight_devices(tmp_path, gcs_emu
         # every byte read once (no whole-file or per-device re-reads)
         assert res["load_" + mode]["read_over_total"] == 1.0, res
     assert res["load_fsdp+tensor"]["embed_spec"] == "P('model', 'data')", res
+
+
+def _np_tail_draws(logits, head, u, N, t):
+    """float64: the systematic draws of ``(u + i) / N`` in the tail's tempered CDF, and each target's distance
+    to the nearest step of it."""
+    w = logits.astype(np.float64) / t
+    w[head] = -np.inf
+    w = np.exp(w - w.max())
+    cdf = np.cumsum(w / w.sum())
+    target = (u + np.arange(N)) / N
+    draws = np.minimum(np.searchsorted(cdf, target, side="right"), np.flatnonzero(w > 0)[-1])
+    return draws, np.abs(target[:, None] - cdf[None, :]).min()
+
+
+def test_vocabulary_chunked_hybrid_matches_full():
+    """The chunked hybrid selection over the same logits (a head that slices them), a vocabulary of 500 in
+    chunks of 12 (fewer than the head's k = 16; not dividing 500): the same head; its log-probs, tails and
+    tail_plogp within 1e-5 (42 chunks' logaddexps); the same draws and counts as the unchunked selection and
+    float64 at every position where no target lies within 3e-6 of a step of the tail's cumulative distribution
+    (there the chunks' sums, rounding differently, may move a draw to the neighbouring id); a position without
+    a tail (k finite entries) draws id 0 N times in both. Tempered at
+    t = 0.7; t = 1, one chunk and the model's head: test_vocabulary_chunked_sampling_matches_full."""
+    B, L, V, k, N, chunk, t = 2, 32, 500, 16, 32, 12, 0.7
+    x = (np.random.default_rng(3).normal(size=(B, L, V)) * 3.0).astype(np.float32)
+    x[0, 0, k:] = -np.inf  # no tail: every draw on id 0, as unchunked
+    logits = jnp.asarray(x)
+    keys = sample_keys(7, jnp.arange(B), L)
+    sliced = lambda x, s, n: jax.lax.dynamic_slice_in_dim(x, s, n, axis=-1)  # noqa: E731
+    ref = {key: np.asarray(v) for key, v in jax.jit(lambda x: select_hybrid(x, k, N, keys, t))(logits).items()}
+    got = {key: np.asarray(v) for key, v in
+           jax.jit(lambda x: select_hybrid_chunked(sliced, x, V, k, N, keys, chunk, t))(logits).items()}
+    assert set(got) == set(ref)
+    np.testing.assert_array_equal(got["topk_ids"], ref["topk_ids"])
+    for key in ("topk_logprobs", "tail_logprob", "tail_logprob_tempered", "tail_plogp"):
+        np.testing.assert_allclose(got[key], ref[key], rtol=0, atol=1e-5, err_msg=key)
+    for key in ("sample_ids", "sample_counts"):
+        np.testing.assert_array_equal(got[key][0, 0], ref[key][0, 0], err_msg=key)
+    np.testing.assert_allclose(got["sample_logprobs"][0, 0], ref["sample_logprobs"][0, 0], rtol=0, atol=1e-5)
+    assert ref["sample_counts"][0, 0, 0] == N and ref["sample_ids"][0, 0, 0] == 0
+    u = np.asarray(_uniforms(keys, 1))[..., 0].astype(np.float64)
+    near = 0
+    for b in range(B):
+        for j in range(L):
+            if (b, j) == (0, 0):
+                continue
+            draws, gap = _np_tail_draws(x[b, j], ref["topk_ids"][b, j], u[b, j], N, t)
+            if gap < 3e-6:
+                near += 1
+                continue
+            ids, counts = np.unique(draws, return_counts=True)
+            for out in (ref, got):
+                used = out["sample_counts"][b, j] > 0
+                np.testing.assert_array_equal(out["sample_ids"][b, j][used], ids, err_msg=f"{b} {j}")
+                np.testing.assert_array_equal(out["sample_counts"][b, j][used], counts, err_msg=f"{b} {j}")
+            np.testing.assert_array_equal(got["sample_ids"][b, j], ref["sample_ids"][b, j])
+            assert np.abs(got["sample_logprobs"][b, j] - ref["sample_logprobs"][b, j]).max() <= 1e-5
+    assert near <= B * L // 4, near

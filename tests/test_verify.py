@@ -63,6 +63,7 @@ def test_good_store_passes_with_reports(store_root):
     assert f["positions"] == 20 * 16 and 0 < f["tokens"] < f["positions"]  # padding excluded
     assert f["bytes"] == sum(x["size"] for x in paths.list_files(uri) if x["name"].startswith("chunk-"))
     assert f["bytes_per_entry"] == pytest.approx(f["bytes"] / (20 * 16 * 4))
+    assert f["bytes_per_position"] == pytest.approx(f["bytes"] / (20 * 16))
     assert 0 < f["mean_topk_mass"] < 1 and f["teacher_entropy_lower_bound_nats"] > 0 and f["elapsed_s"] > 0
     data = json.loads(paths.read_bytes(uri + "-report.json"))
     assert data["passed"] is True and [c["name"] for c in data["checks"]][:2] == ["manifest", "coverage"]

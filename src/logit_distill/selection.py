@@ -44,6 +44,9 @@ distribution outside the top-k). ``losses.hybrid_kl_per_token`` turns them into
 an unbiased target whose only noise is in the tail. ``tail_plogp`` (the tail's
 ``sum p log p``, one value per position) lets the record drop the draws'
 log-probs and still give an unbiased KL value. Both use ``sample_keys``.
+``select_hybrid_chunked`` is the hybrid selection over vocabulary chunks: pass 1
+the chunked top-k's (the head), pass 2 the tail's draws chunk by chunk, with
+the tail's cumulative mass carried from chunk to chunk.
 """
 
 from __future__ import annotations
@@ -207,17 +210,22 @@ def fold_vocab_chunks(head: Callable, x: jax.Array, vocab_size: int, chunk: int,
     return state
 
 
-def select_topk_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int, chunk: int,
-                        tail_temperatures: Sequence[float] = ()) -> dict:
-    """``select_topk`` of the logits that ``head(x, start, size)`` gives slice by slice."""
-    if chunk >= vocab_size:
-        return select_topk(head(x, 0, vocab_size), k, tail_temperatures)
+def _fold_topk(head: Callable, x: jax.Array, vocab_size: int, k: int, chunk: int, scales: Sequence[float],
+               masked: float | None = None):
+    """Over vocabulary chunks: per scale s the logsumexp of ``s * logits`` (all entries, and those outside
+    the top-k), and the running top-k (values, ids).
+
+    With ``masked`` (a scale), also the logsumexp outside the top-k at that scale by a masked logsumexp of
+    each chunk (a copy of it and one more pass): as accurate as ``jax.nn.logsumexp`` over the tail, where
+    ``_top_and_sums``'s outside sum subtracts k and loses up to about 5e-6 (appended to ``rest``)."""
     if k > vocab_size:
         raise ValueError(f"top-k {k} exceeds the vocabulary of {vocab_size}")
-    scales = (1.0, *(1.0 / float(T) for T in tail_temperatures))
+    sums = tuple(scales) if masked is None else (*scales, float(masked))
 
     def step(state, start, logits):  # state: lse, rest (one per scale), running top-k values, ids
         c_v, c_i, c_lse, c_rest = _top_and_sums(logits, min(k, logits.shape[-1]), scales)
+        if masked is not None:
+            c_rest = [*c_rest, _lse_outside(logits * masked if masked != 1.0 else logits, c_i)]
         c_i = c_i + start
         if state is None:
             return c_lse, c_rest, c_v, c_i
@@ -229,10 +237,19 @@ def select_topk_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int, c
         top_i = jnp.take_along_axis(cand_i, pos, axis=-1)
         lse = [jnp.logaddexp(a, b) for a, b in zip(lse, c_lse)]
         rest = [jnp.logaddexp(r, jnp.logaddexp(c, _lse_outside(cand_v * s if s != 1.0 else cand_v, pos)))
-                for r, c, s in zip(rest, c_rest, scales)]
+                for r, c, s in zip(rest, c_rest, sums)]
         return lse, rest, top_v, top_i
 
-    lse, rest, top_v, top_i = fold_vocab_chunks(head, x, vocab_size, chunk, step)
+    return fold_vocab_chunks(head, x, vocab_size, chunk, step)
+
+
+def select_topk_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int, chunk: int,
+                        tail_temperatures: Sequence[float] = ()) -> dict:
+    """``select_topk`` of the logits that ``head(x, start, size)`` gives slice by slice."""
+    if chunk >= vocab_size:
+        return select_topk(head(x, 0, vocab_size), k, tail_temperatures)
+    scales = (1.0, *(1.0 / float(T) for T in tail_temperatures))
+    lse, rest, top_v, top_i = _fold_topk(head, x, vocab_size, k, chunk, scales)
     return _topk_record(top_v, top_i, lse, rest)
 
 
@@ -497,6 +514,84 @@ def select_hybrid(logits: jax.Array, k: int, num_samples: int, keys: jax.Array,
     return out
 
 
+def _mask_ids(values: jax.Array, ids: jax.Array, start: int | jax.Array, fill: float) -> jax.Array:
+    """``values`` (a chunk of entries ``[start, start + size)``) with ``fill`` at those of ``ids`` in the chunk."""
+    size = values.shape[-1]
+    local = ids - start
+    local = jnp.where((local >= 0) & (local < size), local, size)  # outside the chunk: a padding slot
+    padded = jnp.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, 1)])
+    return jnp.put_along_axis(padded, local, fill, axis=-1, inplace=False)[..., :size]
+
+
+def select_hybrid_chunked(head: Callable, x: jax.Array, vocab_size: int, k: int, num_samples: int,
+                          keys: jax.Array, chunk: int, proposal_temperature: float = 1.0) -> dict:
+    """``select_hybrid`` of the logits that ``head(x, start, size)`` gives slice by slice.
+
+    Pass 1 is the chunked top-k's (``select_topk_chunked``): the running top-k
+    (the head) and the logsumexps of the logits and of the tempered logits,
+    over all entries and outside the head. Pass 2 recomputes each chunk's
+    logits, sets the head's entries among them to weight 0, and walks the
+    tail's cumulative distribution chunk by chunk: the cumulative sum of the
+    chunk's renormalised tempered tail probabilities, offset by the mass of
+    the chunks before it (carried), locates the systematic targets
+    ``(u + i) / N`` that fall in the chunk; the chunk's ``sum p_t log p_t``
+    over its tail entries is added up. The head runs twice; memory holds
+    about one chunk's logits.
+
+    One chunk is ``select_hybrid`` bit for bit. Several give the same head and
+    the same draws unless a target falls within float32 rounding of a step of
+    the tail's cumulative distribution (the chunks' cumulative sums and the
+    tail's normaliser round differently from one sum over the whole
+    vocabulary), and log-probs within float32 rounding.
+    """
+    if chunk >= vocab_size:
+        return select_hybrid(head(x, 0, vocab_size), k, num_samples, keys, proposal_temperature)
+    N, t = int(num_samples), float(proposal_temperature)
+    scales = (1.0,) if t == 1.0 else (1.0, 1.0 / t)
+    # the record's fields as the chunked top-k's; the tail's normaliser by a masked logsumexp (the outside
+    # sums of _top_and_sums, off by up to 5e-6, would move the draws' targets against the unchunked ones)
+    lse, rest, top_v, top_i = _fold_topk(head, x, vocab_size, k, chunk, scales, masked=scales[-1])
+    out = _topk_record(top_v, top_i, lse, rest[:-1])
+    s, lse_s = scales[-1], lse[-1]
+    # the tail's tempered log-mass (unnormalised); no tail (every entry in the head or -inf): weights 0
+    log_tail = jnp.where(jnp.isfinite(rest[-1]), rest[-1], jnp.inf)
+    target = (_uniforms(keys, 1) + jnp.arange(N, dtype=jnp.float32)) / N  # [B, L, N], as _systematic_draws
+
+    def pass2(state, start, logits):
+        draws, draw_lp, done, cum, last, last_lp, plogp = state
+        size = logits.shape[-1]
+        scaled = _mask_ids(logits * s if s != 1.0 else logits, top_i, start, -jnp.inf)  # head: -inf
+        cdf = cum[..., None] + jnp.cumsum(jnp.exp(scaled - log_tail[..., None]), axis=-1)
+        local = _searchsorted(cdf, target)
+        here = ~done & (local < size)
+        local = jnp.minimum(local, size - 1).astype(jnp.int32)
+        logprobs = logits - lse[0][..., None]
+        draws = jnp.where(here, local + start, draws)
+        draw_lp = jnp.where(here, jnp.take_along_axis(logprobs, local, axis=-1), draw_lp)
+        # a target past the tail's total (rounding) goes to where the cumulative sum first reaches it
+        end = cdf[..., -1]
+        grew = end > cum
+        at = jnp.argmax(cdf >= end[..., None], axis=-1).astype(jnp.int32)
+        if isinstance(start, int) and start == 0:  # the first chunk (unrolled): without a tail, id 0 as unchunked
+            last_lp = logprobs[..., 0]
+        last = jnp.where(grew, at + start, last)
+        last_lp = jnp.where(grew, jnp.take_along_axis(logprobs, at[..., None], axis=-1)[..., 0], last_lp)
+        plogp = plogp + _plogp(scaled - lse_s[..., None])
+        return draws, draw_lp, done | here, end, last, last_lp, plogp
+
+    # per draw: its id, log-prob and whether it is placed; per position: the tail's cumulative mass so far, the
+    # id where it was last reached (and its log-prob), and the tail's sum p_t log p_t so far
+    zeros = jnp.zeros(target.shape[:-1], jnp.float32)
+    state = (jnp.zeros(target.shape, jnp.int32), jnp.zeros(target.shape, jnp.float32), jnp.zeros(target.shape, bool),
+             zeros, jnp.zeros(target.shape[:-1], jnp.int32), zeros, zeros)
+    draws, draw_lp, done, _, last, last_lp, plogp = fold_vocab_chunks(head, x, vocab_size, chunk, pass2, state)
+    draws = jnp.where(done, draws, last[..., None])
+    draw_lp = jnp.where(done, draw_lp, last_lp[..., None])
+    out.update(_distinct(draws, draw_lp))
+    out["tail_plogp"] = plogp
+    return out
+
+
 def make_teacher_hybrid(apply: Callable | None, k: int, num_samples: int, *, seed: int,
                         proposal_temperature: float = 1.0, mesh=None, device_batch: int = 1,
                         features: Callable | None = None, head: Callable | None = None,
@@ -504,9 +599,8 @@ def make_teacher_hybrid(apply: Callable | None, k: int, num_samples: int, *, see
     """``fn(params, tokens, positions, segment_ids, example_index) -> the hybrid record's fields``
     (``select_hybrid`` without the draws' log-probs, which the record does not keep).
 
-    With ``features`` and ``head`` (as in ``make_teacher_topk``) the head runs over the whole vocabulary
-    at once: the hybrid selection is not chunked, so it holds ``[B, L, V]`` float32 logits (``vocab_chunk``
-    is accepted for the common signature and unused)."""
+    ``features``, ``head``, ``vocab_size`` and ``vocab_chunk`` as in ``make_teacher_topk``: the head, the
+    top-k and the tail's draws run over vocabulary chunks (``select_hybrid_chunked``)."""
     t = float(proposal_temperature)
 
     def select(logits, keys):
@@ -517,9 +611,14 @@ def make_teacher_hybrid(apply: Callable | None, k: int, num_samples: int, *, see
     if features is None:
         return make_teacher_select(apply, select, mesh, seed=int(seed), device_batch=device_batch)
 
+    chunk = int(vocab_chunk or AUTO_VOCAB_CHUNK)
+
     def run(params, tokens, positions, segment_ids, example_index):
         keys = sample_keys(int(seed), example_index, tokens.shape[1])
-        return select(head(params, features(params, tokens, positions, segment_ids), 0, vocab_size), keys)
+        x = features(params, tokens, positions, segment_ids)
+        out = select_hybrid_chunked(functools.partial(head, params), x, vocab_size, k, num_samples, keys, chunk, t)
+        del out["sample_logprobs"]
+        return out
 
     return _on_mesh(run, mesh, device_batch)
 

@@ -80,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "8 on accelerators, lowered to divide the device's rows); fix it for identical "
                         "bytes across device counts")
     p.add_argument("--vocab-chunk", type=int, default=None,
-                   help="vocabulary entries per chunk of the output head and selection (default 32768): "
-                        "memory of one chunk instead of the whole vocabulary")
+                   help="vocabulary entries per chunk of the output head and selection, top-k, sampled or hybrid "
+                        "(default 32768): memory of one chunk instead of the whole vocabulary")
     p.add_argument("--array-record-options", default=DEFAULT_ARRAY_RECORD_OPTIONS,
                    help="ArrayRecord writer options, e.g. 'group_size:1,zstd:3' (default uncompressed)")
     p.add_argument("--force-takeover", action="store_true",

@@ -24,7 +24,7 @@ class DumpResult:
     examples: int  # examples in the committed chunks
     positions: int  # examples x seq_len (padding included)
     store_bytes: int
-    bytes_per_entry: float  # store bytes / (positions x top_k)
+    bytes_per_entry: float  # store bytes / (positions x entries per position: top_k, a hybrid store's k + N)
     bytes_per_position: float  # store bytes / positions
     tokens_per_s: float  # positions computed by this run per second of its compute
     elapsed_s: float
@@ -58,7 +58,7 @@ def dump_result(uri: str, manifest: dict, *, present: int, chunks_written: int, 
         num_steps=layout["num_steps"], resumed_from_step=resumed_from, steps_run=steps_run,
         chunks_present_at_start=present, chunks_written=chunks_written, chunks_expected=final.num_expected,
         examples=examples, positions=positions, store_bytes=store_bytes,
-        bytes_per_entry=store_bytes / max(1, positions * manifest["shapes"]["top_k"]),
+        bytes_per_entry=store_bytes / max(1, positions * manifest_mod.entries_per_position(manifest)),
         bytes_per_position=store_bytes / max(1, positions),
         tokens_per_s=steps_run * B * L / elapsed_compute if steps_run else 0.0,
         elapsed_s=time.perf_counter() - t_start, complete=final.complete,

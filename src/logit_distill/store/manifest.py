@@ -235,6 +235,13 @@ def selection_of(manifest: dict) -> str:
     return manifest["shapes"].get("selection", "topk")
 
 
+def entries_per_position(manifest: dict) -> int:
+    """The most ids a position's record can hold: ``top_k`` (a sampled store: N), a hybrid store's head
+    ``k`` plus its ``N`` draws; the ``bytes_per_entry`` figures divide by it."""
+    shapes = manifest["shapes"]
+    return int(shapes["top_k"]) + (int(shapes["num_samples"]) if selection_of(manifest) == "hybrid" else 0)
+
+
 def masked_of(manifest: dict) -> bool:
     """Whether the store's records hold the teacher's values at supervised positions only."""
     return bool(manifest["shapes"].get("masked", False))

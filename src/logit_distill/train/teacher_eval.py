@@ -7,7 +7,8 @@ Two references (``--eval-teacher`` or ``--eval-store``), measured by ``teacher_m
   tail-shape KL outside that top-k;
 - a held-out store (``StoreExamples``): its own examples and the teacher's values on them, so the
   KL over the k + 1 bins (a lower bound of the full KL), top-1 agreement and top-k mass of a top-k
-  store, or the estimate of the full KL from the draws of a sampled store.
+  store or of a hybrid store's head (its draws are not read), or the estimate of the full KL from the
+  draws of a sampled store.
 
 ``open_eval_reference`` checks the reference against the run (vocabulary, sequence length,
 tokenizer) in the plan, before any weight is read; the teacher's weights load at evaluation.
@@ -70,6 +71,7 @@ class StoreExamples:
         self.k = int(shapes["top_k"])
         self.selection = manifest_mod.selection_of(store.manifest)
         self.sample_width = int(shapes["num_samples"]) if self.selection == "sampled" else None
+        # a hybrid store is measured on its head, a top-k record: its k + 1 bins (the draws are not read)
         self.teacher_fields = (loader.SAMPLE_FIELDS if self.selection == "sampled"
                                else ("topk_ids", "topk_logprobs", "tail_logprob"))
         self._check = RecordCheck(store.manifest, store.uri)

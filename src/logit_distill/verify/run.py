@@ -133,6 +133,7 @@ def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
         records.skip("no committed chunk to check")
 
     k = shapes["top_k"]
+    valued = sums["supervised"] if ctx.masked else sums["positions"]  # the positions that hold values
     figures.update(
         examples=checked,
         examples_expected=layout["num_steps"] * layout["examples_per_step"],
@@ -142,7 +143,10 @@ def _verify_contents(config: VerifyConfig, manifest, checks, figures) -> None:
         tokens=sums["tokens"],
         supervised_positions=sums["supervised"],
         bytes=num_bytes,
-        bytes_per_entry=num_bytes / max(1, (sums["supervised"] if ctx.masked else sums["positions"]) * k)
+        # per position (supervised ones, in a masked store) and per entry: the most ids a position holds
+        # (top_k; a hybrid store: its head's k plus its N draws)
+        bytes_per_position=num_bytes / max(1, valued) if checked else float("nan"),
+        bytes_per_entry=num_bytes / max(1, valued * manifest_mod.entries_per_position(manifest))
         if checked else float("nan"),
         seq_len=shapes["seq_len"],
         top_k=k,
