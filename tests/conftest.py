@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # (no minimum compile time), and a size limit turns on JAX's file lock, which concurrent processes need.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="logit-distill-test-jax-cache-")
-    os.environ["LOGIT_DISTILL_TEST_OWNS_JAX_CACHE"] = "1"
+    os.environ["TESTS_OWN_JAX_CACHE"] = "1"
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
@@ -34,7 +34,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 def pytest_unconfigure(config):
     """The run's JAX cache goes with the run (removed by the process that made it, after its workers)."""
-    if os.environ.get("LOGIT_DISTILL_TEST_OWNS_JAX_CACHE") and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("TESTS_OWN_JAX_CACHE") and not os.environ.get("PYTEST_XDIST_WORKER"):
         import shutil
 
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
