@@ -17,6 +17,8 @@ from logit_distill.dump import DumpConfig, run_dump
 from logit_distill.errors import ConfigMismatchError, InputError
 from logit_distill.store.chunks import parse_chunk_name
 
+from cpu_devices import env_with_cpu_devices
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -260,7 +262,7 @@ def test_same_bytes_on_one_and_four_devices(setup, tmp_path, device_batch):
     outs = {}
     for n in (1, 4):
         out = str(tmp_path / f"d{n}")
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        env = env_with_cpu_devices(n)
         r = cli(*dump_args(setup["teacher"], setup["data"], out, batch_size=8, num_steps=4, codec="exact",
                            device_batch=device_batch), env=env)
         assert r.returncode == 0, r.stderr

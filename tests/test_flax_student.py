@@ -26,6 +26,7 @@ from logit_distill.cli import main as cli_main
 from logit_distill.train import TrainConfig
 
 from test_train_helpers import VOCAB, make_model_dir, write_teacher_store
+from cpu_devices import env_with_cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 32
@@ -194,7 +195,7 @@ def test_fsdp_on_two_devices_follows_the_annotations_and_matches_one_device(setu
         "print(json.dumps(specs))\n"
         f"train_student(TrainConfig(output=sys.argv[1], param_sharding='fsdp', **{common!r}))\n"
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+    env = env_with_cpu_devices(2,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "fsdp")], env=env, capture_output=True,
                          text=True, timeout=300)

@@ -32,6 +32,8 @@ from logit_distill.models import (  # noqa: E402
 )
 from logit_distill.models import safetensors_io  # noqa: E402
 
+from cpu_devices import env_with_cpu_devices
+
 TOL = 1e-4
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "vocab_size": 300}
 
@@ -384,7 +386,7 @@ _SHARD_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_sharded_apply_matches_single_device(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = env_with_cpu_devices(4)
     proc = subprocess.run([sys.executable, "-c", _SHARD_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]

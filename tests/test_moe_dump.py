@@ -16,6 +16,8 @@ from dump_helpers import chunk_bytes, cli, dump_args, teacher_dir, write_corpus
 from logit_distill import codec, store
 from logit_distill.cli import main
 
+from cpu_devices import env_with_cpu_devices
+
 MOE_PRESETS = ["tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v3", "tiny-glm4-moe"]
 
 
@@ -90,7 +92,7 @@ def test_same_bytes_on_one_and_four_devices(setup, tmp_path):
     outs = {}
     for n in (1, 4):
         out = str(tmp_path / f"d{n}")
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        env = env_with_cpu_devices(n)
         r = cli(*dump_args(teacher, setup["data"], out, batch_size=8, num_steps=2, codec="exact"), env=env)
         assert r.returncode == 0, r.stderr
         outs[n] = chunk_bytes(out)
@@ -153,7 +155,7 @@ def test_experts_over_eight_devices_match_one_device(setup):
         "tiny-glm4-moe": [["fsdp+expert", 4]],
     }
     teachers = {teacher_dir(setup["root"], name): m for name, m in modes.items()}
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = env_with_cpu_devices(8)
     proc = subprocess.run([sys.executable, "-c", _EP_SCRIPT, json.dumps(teachers)], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

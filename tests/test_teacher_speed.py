@@ -23,6 +23,8 @@ from logit_distill.selection import (_uniforms, make_teacher_hybrid, make_teache
                                      sample_keys, select_hybrid, select_hybrid_chunked, select_sampled,
                                      select_sampled_chunked, select_topk, select_topk_chunked, top_k_by_blocks)
 
+from cpu_devices import env_with_cpu_devices
+
 # every family, weights large enough for peaked attention; Gemma 3 with both softcaps as well
 CONFIGS = {name: dict(PRESETS[f"tiny-{name}"], initializer_range=0.15)
            for name in ("qwen3", "qwen2", "llama3", "gemma3")}
@@ -449,7 +451,7 @@ _TP_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_tensor_parallel_and_streamed_loading_on_eight_devices(tmp_path, gcs_emulator):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = env_with_cpu_devices(8)
     proc = subprocess.run([sys.executable, "-c", _TP_SCRIPT, str(tmp_path / "teacher")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -26,6 +26,7 @@ from logit_distill.train import TrainConfig
 from logit_distill.train.losses import training_mask
 
 from test_train_helpers import VOCAB, make_model_dir, max_weight_diff, write_teacher_store
+from cpu_devices import env_with_cpu_devices
 
 SEQ_LEN = 32
 TOP_K = 16
@@ -437,7 +438,7 @@ def test_two_devices_replicated_and_fsdp_match_one_device(setup, tmp_path):
         "for mode in ('replicate', 'fsdp'):\n"
         "    train_student(TrainConfig(output=sys.argv[1] + '/' + mode, param_sharding=mode, **kw))\n"
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = env_with_cpu_devices(2)
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

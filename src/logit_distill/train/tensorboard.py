@@ -16,6 +16,7 @@ redone after a preemption replace the ones the killed run logged.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 
@@ -32,10 +33,24 @@ def log_dir_for(output: str) -> str:
     return paths.join(shared, paths.basename(output)) if shared else paths.join(output, TB_DIR)
 
 
+def _summary_writer_class():
+    """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX imports torch whenever it is
+    installed, only to accept torch tensors, which are never passed here (scalars only); that import costs a
+    training process 2-3 CPU-seconds and a few hundred MB. A torch already loaded is left as it is."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class TensorBoard:
     def __init__(self, output: str, purge_step: int | None = None):
-        from tensorboardX import SummaryWriter
-
+        SummaryWriter = _summary_writer_class()
         self.uri = log_dir_for(output)
         self.remote = not paths.is_local(self.uri)
         self._tmp = tempfile.TemporaryDirectory(prefix="logit-distill-tb-") if self.remote else None
