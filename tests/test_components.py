@@ -18,7 +18,7 @@ import components  # noqa: E402
 
 TEACHER = "preset:tiny-qwen3"
 STUDENT = "preset:tiny-qwen3@1"
-SETTINGS = dict(num_steps=6, top_k=8, seq_len=32, batch_size=4, steps_per_file=2)
+SETTINGS = dict(num_steps=6, selection="topk", top_k=8, seq_len=32, batch_size=4, steps_per_file=2)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
 
 
 def _config(setup, output, **kw):
-    base = dict(teacher=setup["teacher"], data=setup["data"], output=output, top_k=8, seq_len=32,
+    base = dict(teacher=setup["teacher"], data=setup["data"], output=output, selection="topk", top_k=8, seq_len=32,
                 batch_size=4, num_steps=6, steps_per_file=2, progress=False)
     base.update(kw)
     return DumpConfig(**base)

@@ -162,8 +162,9 @@ def test_drawing_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path, se
         run_dump(_config(setup, ref, selection=selection, samples=8, **head))
     with pytest.raises(ConfigMismatchError, match="shapes.selection"):
         run_dump(_config(setup, ref, selection="topk", samples=None, top_k=8))
-    with pytest.raises(InputError, match="--samples"):
-        run_dump(_config(setup, str(tmp_path / "x"), selection=selection, samples=None, **head))
+    with pytest.raises(InputError, match="--samples"):  # sampled: none given; hybrid (default 16): out of range
+        run_dump(_config(setup, str(tmp_path / "x"), selection=selection,
+                         samples=None if selection == "sampled" else 0, **head))
     assert chunk_bytes(ref) == before
     # A flipped byte in a chunk: verify fails naming it; training refuses the store, exit 4 in one line.
     name = sorted(before)[1]
@@ -552,7 +553,7 @@ def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path, capsys):
     assert r.returncode == 2 and "--samples" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     # The hybrid selection's flags, in this process (nothing is loaded before the refusal).
-    for flags, said in ((dict(selection="hybrid"), "needs --samples"),
+    for flags, said in ((dict(selection="hybrid", samples=0), "needs --samples"),
                         (dict(selection="hybrid", samples=16, top_k=300), "--top-k must be <= 255"),
                         (dict(selection="hybrid", samples=16, tail_temperatures=2), "holds its tail mass at")):
         capsys.readouterr()
