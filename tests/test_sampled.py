@@ -518,7 +518,8 @@ def test_train_from_a_hybrid_store_is_hybrid_kl_against_float64(setup, hybrid_st
     assert r.metrics["kd_loss"] == pytest.approx(np.mean(values), rel=1e-4)
     # The head is a top-k record: the top-k losses read it; a sampled loss, T != t or an online run do not fit.
     assert plan_training(TrainConfig(store=ref, output=str(tmp_path / "p"), loss="topk_tail_kl", **common))
-    for kw, match in ((dict(loss="sampled_kl"), "does not fit"), (dict(temperature=2.0), "biased")):
+    for kw, match in ((dict(loss="sampled_kl"), "does not fit"), (dict(temperature=2.0), "biased"),
+                      (dict(loss="topk_tail_kl", temperature=2.0), "or dump with --proposal-temperature 2$")):
         with pytest.raises(InputError, match=match):
             train_student(TrainConfig(store=ref, output=str(tmp_path / "bad"), **kw, **common))
     assert not os.path.exists(tmp_path / "bad")
