@@ -163,7 +163,7 @@ def store_bytes(size: dict) -> dict:
     figures = {}
     for name, data in (("chat", chat_data), ("full", text_data)):
         out = os.path.join(root, name)
-        run_dump(DumpConfig(teacher=teacher, data=data, output=out, top_k=64, seq_len=L, batch_size=B,
+        run_dump(DumpConfig(teacher=teacher, data=data, output=out, selection="topk", top_k=64, seq_len=L, batch_size=B,
                             num_steps=steps, steps_per_file=steps, progress=False))
         s = open_store(out)
         records = [s.read_raw(g) for g in range(len(s))]

@@ -81,8 +81,8 @@ def _dump_setup(size: dict) -> tuple:
     docs = common.random_documents(max(8, need // 300), BENCH_TEACHER["vocab_size"], 100, 500, seed=1)
     os.makedirs(os.path.join(common.OUT, "data"), exist_ok=True)
     data = write_pretokenized(os.path.join(common.OUT, "data", f"dump-{need}.array_record"), docs)
-    config = DumpConfig(teacher=teacher, data=data, output="", top_k=64, seq_len=L, batch_size=B, num_steps=N,
-                        steps_per_file=S, codec="default", progress=False)
+    config = DumpConfig(teacher=teacher, data=data, output="", selection="topk", top_k=64, seq_len=L,
+                        batch_size=B, num_steps=N, steps_per_file=S, codec="default", progress=False)
     return config
 
 
@@ -313,7 +313,7 @@ def resume(size: dict) -> dict:
     configs, stores = {}, {}
     for name, count in (("many", n_chunks), ("one", 1)):
         uri = os.path.join(root, name)
-        config = DumpConfig(teacher="preset:tiny-qwen3", data=data, output=uri, top_k=4, seq_len=8,
+        config = DumpConfig(teacher="preset:tiny-qwen3", data=data, output=uri, selection="topk", top_k=4, seq_len=8,
                             batch_size=1, num_steps=(count + 1) * S, steps_per_file=S, progress=False)
         manifest = plan_dump(config).manifest
         store_mod.init_store(uri, manifest)

@@ -29,7 +29,7 @@ def _teacher_step(model, config_kw: dict):
     from logit_distill.dump import DumpConfig, TeacherStep
     from logit_distill.dump.teacher_step import dump_mesh
 
-    config = DumpConfig(teacher="", data="", output="", **config_kw)
+    config = DumpConfig(teacher="", data="", output="", **{"selection": "topk", **config_kw})
     compute = TeacherStep(model, config, dump_mesh(config))
     sharding = NamedSharding(compute.mesh, P("data"))
 

@@ -282,8 +282,8 @@ def kd_vs_ce(size: dict) -> dict:
     eval_data = write_pretokenized(os.path.join(root, "eval.array_record"), docs[n_train:])
     store = os.path.join(root, "store")
     t0 = time.perf_counter()
-    dumped = run_dump(DumpConfig(teacher=teacher_spec, data=train_data, output=store, top_k=k, seq_len=L,
-                                 batch_size=B, steps_per_file=10, tokenizer=tokenizer, progress=False))
+    dumped = run_dump(DumpConfig(teacher=teacher_spec, data=train_data, output=store, selection="topk", top_k=k,
+                                 seq_len=L, batch_size=B, steps_per_file=10, tokenizer=tokenizer, progress=False))
     dump_s = time.perf_counter() - t0
     # The demo's recipe: the k+1-bin loss, pure KD against pure CE.
     common_args = dict(store=store, student=student_spec, num_steps=steps, batch_size=B, learning_rate=3e-3,

@@ -41,13 +41,13 @@ def dump_teacher_topk(
     num_steps: int,
     store: Output[Dataset],
     metrics: Output[Metrics],
-    top_k: int = 64,
+    top_k: int = 0,
     seq_len: int = 512,
     batch_size: int = 8,
     steps_per_file: int = 50,
     codec: str = "default",
-    selection: str = "topk",
-    samples: int = 32,
+    selection: str = "hybrid",
+    samples: int = 0,
     proposal_temperature: float = 1.0,
     tail_temperatures: str = "",
     data_seed: int = 0,
@@ -72,7 +72,8 @@ def dump_teacher_topk(
     resources: dict = {},
 ) -> NamedTuple("DumpOutputs", [("resumed_from_step", int), ("complete", bool), ("store_state", str),
                                 ("error", str), ("exit_code", int)]):
-    """Dump the teacher's top-k log-probs into ``store_uri``; resume whatever is already committed there."""
+    """Dump the teacher's selection into ``store_uri``; resume whatever is already committed there."""
+    inputs = dict(locals())  # the arguments: DumpConfig.from_component takes the store's settings among them
     import collections
     import sys
 
@@ -90,17 +91,9 @@ def dump_teacher_topk(
     outputs = collections.namedtuple("DumpOutputs", ["resumed_from_step", "complete", "store_state", "error",
                                                      "exit_code"])
     try:
-        config = DumpConfig.from_flat(
-            teacher=teacher, data=data, output=store_uri, top_k=top_k, seq_len=seq_len, batch_size=batch_size,
-            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
-            selection=selection, samples=samples, proposal_temperature=proposal_temperature,
-            tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
-            data_format=data_format, messages_field=messages_field, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs, supervise_roles=supervise_roles,
-            supervise_end_of_turn=supervise_end_of_turn, mask_empty_reasoning=mask_empty_reasoning,
-            mask_method=mask_method,
-            sharding=sharding, progress=False, model_parallel=model_parallel, attention=attention,
-            device_batch=device_batch, vocab_chunk=vocab_chunk,
+        config = DumpConfig.from_component(
+            inputs, output=store_uri, sharding=sharding, progress=False, model_parallel=model_parallel,
+            attention=attention, device_batch=device_batch, vocab_chunk=vocab_chunk,
             # A retry after preemption runs on another machine: the lease of the dead one cannot be proven
             # dead, only stale (not refreshed for its timeout). The retry may start sooner than that (the task
             # backs off 60 s first), so a lease not yet stale is waited for, once, and taken over if nobody
@@ -136,7 +129,8 @@ def dump_teacher_topk(
     store.uri = result.store
     store.metadata.update({
         "dump_key": result.dump_key, "fingerprint": result.fingerprint, "num_steps": result.num_steps,
-        "examples": result.examples, "positions": result.positions, "top_k": top_k, "seq_len": seq_len,
+        "examples": result.examples, "positions": result.positions, "selection": config.selection,
+        "top_k": config.top_k, "samples": config.samples or 0, "seq_len": seq_len,
         "codec": codec, "teacher": teacher, "data": data, "store_bytes": result.store_bytes,
         "chunks": result.chunks_expected, "processes": jax.process_count(), "store_state": state,
         "resources_requested": dict(resources),

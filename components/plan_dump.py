@@ -34,13 +34,13 @@ def plan_dump(
     data: str,
     output_root: str,
     num_steps: int,
-    top_k: int = 64,
+    top_k: int = 0,
     seq_len: int = 512,
     batch_size: int = 8,
     steps_per_file: int = 50,
     codec: str = "default",
-    selection: str = "topk",
-    samples: int = 32,
+    selection: str = "hybrid",
+    samples: int = 0,
     proposal_temperature: float = 1.0,
     tail_temperatures: str = "",
     data_seed: int = 0,
@@ -64,6 +64,7 @@ def plan_dump(
                                 ("job_display_name", str)]):
     """The dump key (16 hex digits of the store fingerprint), the store URI for these settings, whether the
     store there is already complete (a scan of names) and its state (a digest of its committed chunk names)."""
+    inputs = dict(locals())  # the arguments: DumpConfig.from_component takes the store's settings among them
     import collections
     import sys
 
@@ -75,16 +76,7 @@ def plan_dump(
     try:
         if not output_root:
             raise InputError("output_root is empty: give a local directory or a gs:// prefix")
-        config = DumpConfig.from_flat(
-            teacher=teacher, data=data, output="", top_k=top_k, seq_len=seq_len, batch_size=batch_size,
-            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
-            selection=selection, samples=samples, proposal_temperature=proposal_temperature,
-            tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
-            data_format=data_format, messages_field=messages_field, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs, supervise_roles=supervise_roles,
-            supervise_end_of_turn=supervise_end_of_turn, mask_empty_reasoning=mask_empty_reasoning,
-            mask_method=mask_method,
-            progress=False)
+        config = DumpConfig.from_component(inputs, output="", progress=False)
         processes = planned_processes(num_processes, tpu_topology, machine_type)
         plan = plan_dump(config, num_processes=processes)
         manifest, key = plan.manifest, plan.dump_key

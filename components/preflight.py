@@ -22,13 +22,13 @@ def preflight(
     train_student: str,
     train_num_steps: int,
     train_batch_size: int,
-    top_k: int = 64,
+    top_k: int = 0,
     seq_len: int = 512,
     batch_size: int = 8,
     steps_per_file: int = 50,
     codec: str = "default",
-    selection: str = "topk",
-    samples: int = 32,
+    selection: str = "hybrid",
+    samples: int = 0,
     proposal_temperature: float = 1.0,
     tail_temperatures: str = "",
     data_seed: int = 0,
@@ -60,6 +60,7 @@ def preflight(
     train_eval_data: str = "",
 ) -> str:
     """Check the dump and the training of these settings; return the training folder they would use."""
+    inputs = dict(locals())  # the arguments: DumpConfig.from_component takes the store's settings among them
     import sys
 
     from logit_distill import paths
@@ -74,16 +75,7 @@ def preflight(
     try:
         if not output_root:
             raise InputError("output_root is empty: give a local directory or a gs:// prefix")
-        dump_config = DumpConfig.from_flat(
-            teacher=teacher, data=data, output="", top_k=top_k, seq_len=seq_len, batch_size=batch_size,
-            num_steps=num_steps, steps_per_file=steps_per_file, codec=codec, data_seed=data_seed, packing=packing,
-            selection=selection, samples=samples, proposal_temperature=proposal_temperature,
-            tail_temperatures=tail_temperatures, dtype=dtype, text_field=text_field, tokenizer=tokenizer,
-            data_format=data_format, messages_field=messages_field, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs, supervise_roles=supervise_roles,
-            supervise_end_of_turn=supervise_end_of_turn, mask_empty_reasoning=mask_empty_reasoning,
-            mask_method=mask_method,
-            progress=False)
+        dump_config = DumpConfig.from_component(inputs, output="", progress=False)  # as plan_dump's
         processes = planned_processes(num_processes, tpu_topology, machine_type)
         planned = plan_dump(dump_config, num_processes=processes)
         store_uri = output_root.rstrip("/") + "/teacher_topk/" + planned.dump_key

@@ -44,15 +44,13 @@ DEMO = {
 PIPELINE_ARGS = {
     "dump_num_steps": 32,  # 32 steps x 16 examples = the 512 training documents
     "dump_batch_size": 16,
-    "seq_len": 64,
-    "top_k": 32,
+    "seq_len": 64,  # the store: the default selection, hybrid (its top-4 head + tail mass, 16 draws from the tail)
     "steps_per_file": 4,
     "verify_sample": 64,
     "spot_check": 4,
     "train_num_steps": 300,
     "train_batch_size": 16,
-    "learning_rate": 3e-3,
-    "loss": "topk_tail_kl",
+    "learning_rate": 3e-3,  # the loss: the store's default (hybrid_kl)
     "alpha": 1.0,
     "dump_dtype": "float32",
     "ce_baseline": True,
@@ -151,6 +149,15 @@ def student_outputs(run_dir: str, n: int) -> dict:
             "eval": {"eval_cross_entropy": evaluation["cross_entropy"]} if evaluation else {}}
 
 
+def _selection(meta: dict) -> str:
+    """The store's selection in words, from the dump's artifact metadata."""
+    if meta.get("selection") == "hybrid":
+        return f"hybrid: top-{meta.get('top_k')} head + {meta.get('samples')} tail draws"
+    if meta.get("selection") == "sampled":
+        return f"sampled: {meta.get('samples')} draws"
+    return f"top-{meta.get('top_k')}"
+
+
 def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tuple[str, bool]:
     """The printed summary, and whether the run did what the demo shows (verified, both students
     evaluated, the KD student below the CE-only one)."""
@@ -160,6 +167,7 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
     kd = student_outputs(run_dir, 1)
     ce = student_outputs(run_dir, 2)
     dm = dump.get("metrics", {}).get("metadata", {})
+    store_meta = dump.get("store", {}).get("metadata", {})
     vm = verify.get("metrics", {}).get("metadata", {})
     kd_m, ce_m = kd["eval"], ce["eval"]
     lines = [
@@ -168,7 +176,7 @@ def summary(run_dir: str, paths: dict, teacher_eval: dict, elapsed: float) -> tu
         f"logit-distill demo: done in {elapsed:.0f} s",
         f"  store            {plan.get('store_uri')}",
         *([f"                   {dm.get('examples')} examples, {dm.get('positions')} positions, {dm.get('store_mb')} MB, "
-           f"{dm.get('bytes_per_entry')} bytes per entry (top-{PIPELINE_ARGS['top_k']})",
+           f"{dm.get('bytes_per_entry')} bytes per entry ({_selection(store_meta)})",
            f"                   resumed from step {dm.get('resumed_from_step')}, "
            f"{dm.get('chunks_written_this_attempt')} chunks written now, {dm.get('tokens_per_s')} positions/s"]
           if dm else ["                   complete already: the dump was skipped (no teacher loaded)"]),

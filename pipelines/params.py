@@ -149,7 +149,9 @@ PARAMS: tuple[Param, ...] = (
           {PLAN: "num_steps", DUMP: "num_steps", VERIFY: "expected_steps"}, min=1, group="inputs"),
     # ---- the dump (every setting here but dump_sharding, dump_model_parallel, dump_attention,
     # dump_device_batch, dump_vocab_chunk and dump_lease_timeout_s changes the store's content, hence its key)
-    Param("top_k", int, 64, "Teacher entries kept per token position.", _to(PLAN, DUMP), min=1, group="dump"),
+    Param("top_k", int, 0, "Teacher entries kept per token position: the exact head of a hybrid store (at most "
+          "255; 0: 4) or the ids of a topk store (0: 64); a sampled store keeps samples ids instead.",
+          _to(PLAN, DUMP), min=0, group="dump"),
     Param("seq_len", int, 512, "Tokens per example.", _to(PLAN, DUMP), vertex_default=2048, min=2, group="dump"),
     Param("dump_batch_size", int, 8, "Examples per dump step, across all hosts (the training's batch is "
           "train_batch_size).", {PLAN: "batch_size", DUMP: "batch_size"}, min=1, group="dump"),
@@ -158,12 +160,14 @@ PARAMS: tuple[Param, ...] = (
     Param("codec", str, "default", "Store codec: default (ids bit-packed, log-probs as 16-bit fixed point; "
           "docs/FORMAT.md) or exact (float32 log-probs).",
           _to(PLAN, DUMP), choices=("default", "exact"), group="dump"),
-    Param("selection", str, "topk", "What the store keeps per position: topk (the top_k most likely ids + the "
-          "tail mass), sampled (samples ids drawn from the teacher, with counts: unbiased, fewer bytes) or hybrid "
-          "(the exact top_k head + tail mass and samples draws from the rest: unbiased, noise in the tail only).",
+    Param("selection", str, "hybrid", "What the store keeps per position: hybrid (the exact top_k head + tail "
+          "mass and samples draws from the rest: unbiased, noise in the tail only; its defaults matched top-64 + "
+          "tail in held-out KL at 36.5 bytes per position against 213, docs/BENCHMARKS.md), topk (the top_k most "
+          "likely ids + the tail mass) or sampled (samples ids drawn from the teacher, with counts: unbiased).",
           _to(PLAN, DUMP), choices=("topk", "sampled", "hybrid"), group="dump"),
-    Param("samples", int, 32, "Draws per position of a sampled store, or from the tail of a hybrid store "
-          "(selection sampled or hybrid).", _to(PLAN, DUMP), min=1, max=65535, group="dump"),
+    Param("samples", int, 0, "Draws per position from the tail of a hybrid store (0: 16), or of a sampled store "
+          "(required there: no sampled setting has a measured default).", _to(PLAN, DUMP), min=0, max=65535,
+          group="dump"),
     Param("proposal_temperature", float, 1.0, "Sampled and hybrid stores draw from the teacher at this temperature.",
           _to(PLAN, DUMP), min=1e-6, group="dump"),
     Param("tail_temperatures", str, "", "Top-k stores: comma-separated temperatures whose tempered tail mass is "
@@ -244,8 +248,8 @@ PARAMS: tuple[Param, ...] = (
           min=-1, variants=ALL, group="train"),
     Param("train_seed", int, 0, "Seed of the training shuffle.", {TRAIN: "seed", TRAIN_PLAN: "seed"}, min=0,
           variants=ALL, group="train"),
-    Param("loss", str, "", "KD loss (docs/LOSSES.md); empty: the store's default, topk_tail_kl for a top-k "
-          "store, sampled_kl for a sampled one.", _to(TRAIN, TRAIN_PLAN),
+    Param("loss", str, "", "KD loss (docs/LOSSES.md); empty: the store's default, hybrid_kl for a hybrid "
+          "store, topk_tail_kl for a top-k one, sampled_kl for a sampled one.", _to(TRAIN, TRAIN_PLAN),
           choices=("", *OFFLINE_LOSSES), variants=ALL, group="train"),
     Param("alpha", float, 1.0, "Weight of the KD loss; 1 - alpha weighs the next-token cross-entropy.",
           _to(TRAIN, TRAIN_PLAN), min=0.0, max=1.0, variants=ALL, group="train"),
@@ -458,6 +462,10 @@ def check(values: dict, variant: str) -> list[str]:
             why = known[name].problem(value, variant)
             if why:
                 problems.append(why)
+    given = {**defaults(variant), **values}
+    if variant in BOTH and given.get("selection") == "sampled" and not given.get("samples"):
+        problems.append("selection sampled needs samples=N (draws per position, 1 to 65535): a sampled store has "
+                        "no default N")
     if variant in VERTEX:
         from pipelines.vertex_checks import problems as vertex_problems
 

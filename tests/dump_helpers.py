@@ -36,7 +36,7 @@ def cli(*args, env=None, timeout=600):
 
 
 def dump_args(teacher, data, output, **overrides):
-    opts = {"top-k": 8, "seq-len": 32, "batch-size": 4, "num-steps": 12, "steps-per-file": 2}
+    opts = {"selection": "topk", "top-k": 8, "seq-len": 32, "batch-size": 4, "num-steps": 12, "steps-per-file": 2}
     opts.update({k.replace("_", "-"): v for k, v in overrides.items()})
     args = ["dump", "--teacher", teacher, "--data", data, "--output", output, "--quiet"]
     for key, value in opts.items():

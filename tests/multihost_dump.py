@@ -19,7 +19,7 @@ from logit_distill.dump import DumpConfig, run_dump  # noqa: E402
 
 num_steps = int(sys.argv[7]) if len(sys.argv) > 7 else 6
 more = json.loads(sys.argv[8]) if len(sys.argv) > 8 else {}
-settings = dict(top_k=8, seq_len=32, batch_size=4, num_steps=num_steps, steps_per_file=2, codec="exact",
+settings = dict(selection="topk", top_k=8, seq_len=32, batch_size=4, num_steps=num_steps, steps_per_file=2, codec="exact",
                 progress=False)
 settings.update(more)
 try:

@@ -247,7 +247,7 @@ def dump_setup(tmp_path_factory):
     return {"teacher": teacher_dir(root), "data": write_corpus(root / "corpus.jsonl", num_docs=40), "env": env}
 
 
-LEASE_DUMP = {"num_steps": 4, "steps_per_file": 1, "batch_size": 2, "seq_len": 16, "top_k": 4}
+LEASE_DUMP = {"num_steps": 4, "steps_per_file": 1, "batch_size": 2, "seq_len": 16, "top_k": 4, "selection": "topk"}
 
 
 @pytest.mark.slow

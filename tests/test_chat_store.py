@@ -53,7 +53,8 @@ def chat(tmp_path_factory):
 
 
 def _config(setup, output, **kw):
-    base = dict(teacher=setup["teacher"], tokenizer=setup["tokenizer"], data=setup["data"], output=output, top_k=8,
+    base = dict(teacher=setup["teacher"], tokenizer=setup["tokenizer"], data=setup["data"], output=output,
+                selection="topk", top_k=8,
                 seq_len=SEQ_LEN, batch_size=4, num_steps=4, steps_per_file=1, codec="exact", packing=False,
                 progress=False)
     base.update(kw)

@@ -18,7 +18,7 @@ import components  # noqa: E402
 
 TEACHER = "preset:tiny-qwen3"
 STUDENT = "preset:tiny-qwen3@1"
-SETTINGS = dict(num_steps=6, top_k=8, seq_len=32, batch_size=4, steps_per_file=2)
+SETTINGS = dict(num_steps=6, selection="topk", top_k=8, seq_len=32, batch_size=4, steps_per_file=2)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,33 @@ def dumped(work):
         teacher=TEACHER, data=work["data"], store_uri=plan.store_uri, dump_key=plan.dump_key, store=store,
         metrics=metrics, **SETTINGS)
     return {"plan": plan, "store": store, "metrics": metrics, "out": out}
+
+
+def test_plan_and_preflight_default_to_the_hybrid_store(work, capsys):
+    """No selection, top_k or samples (the pipeline's defaults: hybrid, 0, 0): the store the command line
+    writes without those flags, hybrid top-4 + 16 tail draws; preflight checks its training (hybrid_kl)."""
+    from logit_distill.dump import DumpConfig, plan_dump
+    from logit_distill.store import dump_key
+
+    settings = {k: v for k, v in SETTINGS.items() if k not in ("selection", "top_k")}
+    root = str(work["root"] / "defaults")
+    plan = components.plan_dump.plan_dump(teacher=TEACHER, data=work["data"], output_root=root, **settings)
+    manifest = plan_dump(DumpConfig(teacher=TEACHER, data=work["data"], output="", **settings)).manifest
+    explicit = plan_dump(DumpConfig(teacher=TEACHER, data=work["data"], output="", selection="hybrid", top_k=4,
+                                    samples=16, **settings)).manifest
+    assert plan.dump_key == dump_key(manifest) == dump_key(explicit)
+    shapes = manifest["shapes"]
+    assert (shapes["selection"], shapes["top_k"], shapes["num_samples"]) == ("hybrid", 4, 16)
+    train = dict(train_student=STUDENT, train_num_steps=2, train_batch_size=4)
+    output = components.preflight.preflight(teacher=TEACHER, data=work["data"], output_root=root, **settings,
+                                            **train)
+    assert output.startswith(root + "/students/")
+    with pytest.raises(SystemExit) as e:  # a sampled store has no default N
+        components.preflight.preflight(teacher=TEACHER, data=work["data"], output_root=root, selection="sampled",
+                                       **settings, **train)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("logit-distill preflight: error: --selection sampled needs "
+                                                    "--samples N"), err
 
 
 def test_plan_dump_names_the_store_by_its_fingerprint(work):

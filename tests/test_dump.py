@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
 
 
 def _config(setup, output, **kw):
-    base = dict(teacher=setup["teacher"], data=setup["data"], output=output, top_k=8, seq_len=32,
+    base = dict(teacher=setup["teacher"], data=setup["data"], output=output, selection="topk", top_k=8, seq_len=32,
                 batch_size=4, num_steps=6, steps_per_file=2, progress=False)
     base.update(kw)
     return DumpConfig(**base)
@@ -85,6 +85,37 @@ def test_stored_topk_equals_hf_transformers(setup, tmp_path, codec_name, packing
             np.testing.assert_allclose(rec["tail_logprob"][where], rest, atol=max(tol, 1e-4))
             checked += len(where)
     assert checked > 100
+
+
+@pytest.mark.slow
+def test_the_default_dump_is_a_hybrid_store_that_trains_with_hybrid_kl(setup, tmp_path):
+    """No --selection, --top-k or --samples: a hybrid store of the top-4 head + 16 tail draws, the same bytes as
+    those flags given; `train` picks hybrid_kl for it. --top-k alone sets the head and --selection topk alone
+    the top-64 store."""
+    out, explicit = str(tmp_path / "default"), str(tmp_path / "explicit")
+    r = cli(*dump_args(setup["teacher"], setup["data"], out, selection=None, top_k=None, num_steps=4))
+    assert r.returncode == 0, r.stderr
+    assert "hybrid selection: top-4 + tail mass and 16 tail draws per position" in r.stderr, r.stderr
+    shapes = store.open_store(out).manifest["shapes"]
+    assert (shapes["selection"], shapes["top_k"], shapes["num_samples"]) == ("hybrid", 4, 16)
+    assert store.open_store(out).read(0)["topk_ids"].shape == (32, 4)
+    r = cli(*dump_args(setup["teacher"], setup["data"], explicit, selection="hybrid", top_k=4, samples=16,
+                       num_steps=4))
+    assert r.returncode == 0, r.stderr
+    assert chunk_bytes(out) == chunk_bytes(explicit)
+    t = cli("train", "--store", out, "--student", "preset:tiny-qwen3@1", "--output", str(tmp_path / "t"),
+            "--num-steps", "2", "--batch-size", "4", "--no-progress")
+    assert t.returncode == 0, t.stderr
+    with open(tmp_path / "t" / "train_config.json") as f:
+        assert json.load(f)["loss"] == "hybrid_kl"
+    # --top-k alone: the hybrid head; --selection topk alone: top-64 (planned only: nothing is written)
+    from logit_distill.dump import plan_dump
+
+    for flags, want in ((dict(top_k=8), ("hybrid", 8, 16)), (dict(selection="topk"), ("topk", 64, None))):
+        config = DumpConfig(teacher=setup["teacher"], data=setup["data"], output="", seq_len=32, batch_size=4,
+                            num_steps=4, **flags)
+        got = plan_dump(config).manifest["shapes"]
+        assert (got.get("selection", "topk"), got["top_k"], got.get("num_samples")) == want
 
 
 @pytest.mark.slow

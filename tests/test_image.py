@@ -306,7 +306,7 @@ def test_image_install_step_runs_in_a_fresh_venv(tmp_path):
     data = str(tmp_path / "train.array_record")
     rng = np.random.default_rng(0)
     write_pretokenized(data, [rng.integers(0, 256, 32, dtype=np.int32) for _ in range(16)])
-    settings = dict(num_steps=2, top_k=8, seq_len=32, batch_size=4, steps_per_file=1)
+    settings = dict(num_steps=2, selection="topk", top_k=8, seq_len=32, batch_size=4, steps_per_file=1)
     task = tmp_path / "task"
     spec = specs["plan_dump.yaml"]
     (executor,) = spec["deploymentSpec"]["executors"].values()

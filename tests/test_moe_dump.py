@@ -128,7 +128,8 @@ _EP_SCRIPT = textwrap.dedent(
             lambda p: select_topk(m.apply(p, tokens, positions, seg), 8))(m.params).items()}
         total = sum(a.nbytes for a in jax.tree.leaves(m.params))
         for mode, mp in modes:
-            config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=L, batch_size=B, sharding=mode,
+            config = DumpConfig(teacher="", data="", output="", selection="topk", top_k=8, seq_len=L, batch_size=B,
+                                sharding=mode,
                                 model_parallel=mp)
             read["bytes"] = 0
             sharded = load_model(teacher, mesh=dump_mesh(config), shard_mode=mode)  # experts read onto their devices

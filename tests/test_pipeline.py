@@ -483,8 +483,8 @@ def test_submit_dry_run_prints_every_resolved_parameter(capsys):
 
 TEACHER = "preset:small-qwen3"
 STUDENT = "preset:tiny-qwen3"
-DUMP = dict(num_steps=24, top_k=16, seq_len=128, batch_size=8, steps_per_file=3)  # the components' names
-PIPELINE_DUMP = dict(dump_num_steps=24, top_k=16, seq_len=128, dump_batch_size=8, steps_per_file=3)
+DUMP = dict(num_steps=24, selection="topk", top_k=16, seq_len=128, batch_size=8, steps_per_file=3)  # the components' names
+PIPELINE_DUMP = dict(dump_num_steps=24, selection="topk", top_k=16, seq_len=128, dump_batch_size=8, steps_per_file=3)
 
 KILLABLE = r"""
 import sys
@@ -636,7 +636,7 @@ def test_from_store_pipeline_resumes_a_killed_training(tmp_path):
     data = str(tmp_path / "train.array_record")
     write_pretokenized(data, [rng.integers(0, 256, 64, dtype=np.int32) for _ in range(64)])
     store = str(tmp_path / "store")
-    run_dump(DumpConfig(teacher=TEACHER, data=data, output=store, num_steps=4, top_k=8, seq_len=64,
+    run_dump(DumpConfig(teacher=TEACHER, data=data, output=store, num_steps=4, selection="topk", top_k=8, seq_len=64,
                         batch_size=8, steps_per_file=2, progress=False))
     out = tmp_path / "out"
     args = [f"store={store}", f"student={STUDENT}", f"output_root={out}", "train_num_steps=24", "train_batch_size=4",

@@ -162,8 +162,9 @@ def test_drawing_dump_resumes_to_the_same_bytes_and_verifies(setup, tmp_path, se
         run_dump(_config(setup, ref, selection=selection, samples=8, **head))
     with pytest.raises(ConfigMismatchError, match="shapes.selection"):
         run_dump(_config(setup, ref, selection="topk", samples=None, top_k=8))
-    with pytest.raises(InputError, match="--samples"):
-        run_dump(_config(setup, str(tmp_path / "x"), selection=selection, samples=None, **head))
+    with pytest.raises(InputError, match="--samples"):  # sampled: none given; hybrid (default 16): out of range
+        run_dump(_config(setup, str(tmp_path / "x"), selection=selection,
+                         samples=None if selection == "sampled" else 0, **head))
     assert chunk_bytes(ref) == before
     # A flipped byte in a chunk: verify fails naming it; training refuses the store, exit 4 in one line.
     name = sorted(before)[1]
@@ -517,7 +518,8 @@ def test_train_from_a_hybrid_store_is_hybrid_kl_against_float64(setup, hybrid_st
     assert r.metrics["kd_loss"] == pytest.approx(np.mean(values), rel=1e-4)
     # The head is a top-k record: the top-k losses read it; a sampled loss, T != t or an online run do not fit.
     assert plan_training(TrainConfig(store=ref, output=str(tmp_path / "p"), loss="topk_tail_kl", **common))
-    for kw, match in ((dict(loss="sampled_kl"), "does not fit"), (dict(temperature=2.0), "biased")):
+    for kw, match in ((dict(loss="sampled_kl"), "does not fit"), (dict(temperature=2.0), "biased"),
+                      (dict(loss="topk_tail_kl", temperature=2.0), "or dump with --proposal-temperature 2$")):
         with pytest.raises(InputError, match=match):
             train_student(TrainConfig(store=ref, output=str(tmp_path / "bad"), **kw, **common))
     assert not os.path.exists(tmp_path / "bad")
@@ -552,7 +554,7 @@ def test_bad_sampled_flags_are_one_line_errors(setup, tmp_path, capsys):
     assert r.returncode == 2 and "--samples" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     # The hybrid selection's flags, in this process (nothing is loaded before the refusal).
-    for flags, said in ((dict(selection="hybrid"), "needs --samples"),
+    for flags, said in ((dict(selection="hybrid", samples=0), "needs --samples"),
                         (dict(selection="hybrid", samples=16, top_k=300), "--top-k must be <= 255"),
                         (dict(selection="hybrid", samples=16, tail_temperatures=2), "holds its tail mass at")):
         capsys.readouterr()

@@ -112,7 +112,8 @@ def test_dump_step_runs_the_pallas_kernels(impl, monkeypatch):
     tokens, pos, seg = _packed_batch(m.vocab_size, L=256, lengths=[(1, 256)], row1=256)
     out = {}
     for name in ("blocked", impl):
-        config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=256, batch_size=2, attention=name)
+        config = DumpConfig(teacher="", data="", output="", selection="topk", top_k=8, seq_len=256, batch_size=2,
+                            attention=name)
         compute = TeacherStep(m, config, dump_mesh(config))
         out[name] = compute.fetch(compute.dispatch({"tokens": tokens, "positions": pos, "segment_ids": seg},
                                                    np.arange(2)))
@@ -413,7 +414,8 @@ _TP_SCRIPT = textwrap.dedent(
         out[mode + "_specs"] = [str(lp["self_attn"]["q_proj"]["weight"].sharding.spec),
                                 str(lp["mlp"]["down_proj"]["weight"].sharding.spec)]
         # the dump's step, 2-way data x 4-way model, the head over vocabulary chunks (of the sharded rows)
-        config = DumpConfig(teacher="", data="", output="", top_k=8, seq_len=32, batch_size=4, sharding=mode,
+        config = DumpConfig(teacher="", data="", output="", selection="topk", top_k=8, seq_len=32, batch_size=4,
+                            sharding=mode,
                             model_parallel=4, vocab_chunk=100)
         c = TeacherStep(m, config, dump_mesh(config))
         sel = c.fetch(c.dispatch({"tokens": tokens, "positions": positions, "segment_ids": seg}, np.arange(4)))

@@ -57,7 +57,7 @@ def write_teacher_store(uri: str, teacher_dir: str, data_path: str, *, seq_len: 
     """A complete store of the teacher over the data, written by the real dump; return its manifest."""
     from logit_distill.dump import DumpConfig, run_dump
 
-    run_dump(DumpConfig(teacher=teacher_dir, data=data_path, output=uri, top_k=top_k, seq_len=seq_len,
+    run_dump(DumpConfig(teacher=teacher_dir, data=data_path, output=uri, selection="topk", top_k=top_k, seq_len=seq_len,
                         batch_size=examples_per_step, steps_per_file=steps_per_file, codec=codec,
                         progress=False))
     return store_mod.open_store(uri).manifest

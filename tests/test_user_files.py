@@ -39,7 +39,7 @@ def dumped(tmp_path_factory):
         for line in f:
             g.write(json.dumps({"body": json.loads(line)["text"]}) + "\n")
     store = str(root / "store")
-    run_dump(DumpConfig(teacher=teacher, data=data, output=store, top_k=8, seq_len=32, batch_size=4, num_steps=6,
+    run_dump(DumpConfig(teacher=teacher, data=data, output=store, selection="topk", top_k=8, seq_len=32, batch_size=4, num_steps=6,
                         steps_per_file=2, progress=False))
     student = teacher_dir(root / "models", seed=1)
     env = dict(os.environ)  # with the run's shared JAX compilation cache (tests/conftest.py)

@@ -15,17 +15,34 @@ from ..store.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 SELECTIONS = manifest_mod.SELECTIONS  # topk | sampled | hybrid
 CODECS = ("default", "exact")
 DTYPES = ("float32", "bfloat16")
+# The selection of a new store, and each selection's --top-k and --samples when they are not given. The hybrid
+# record top-4 + 16 tail draws (36.5 bytes per position) matched top-64 + tail (213) in held-out KL and closed
+# 0.97 of the CE-only -> full-KD gap (docs/BENCHMARKS.md, "fidelity"). A sampled store has no head (its top_k is
+# its N) and no default N: --samples is required (no measured sampled setting reached the benchmark's goal).
+DEFAULT_SELECTION = "hybrid"
+DEFAULT_TOP_K = {"topk": 64, "hybrid": 4}
+DEFAULT_SAMPLES = {"hybrid": 16}
+# The store's settings as the pipeline's components take them (their input names: ``DumpConfig.from_flat``'s
+# keywords), the same in plan_dump, preflight and dump_teacher_topk.
+COMPONENT_FIELDS = ("teacher", "data", "num_steps", "top_k", "seq_len", "batch_size", "steps_per_file", "codec",
+                    "data_seed", "packing", "selection", "samples", "proposal_temperature", "tail_temperatures",
+                    "dtype", "text_field", "tokenizer", *CHAT_FLAT)
 
 
 @dataclasses.dataclass(frozen=True)
 class DumpConfig:
     """What to dump and how. The fields up to ``tail_temperatures`` (and the number of processes)
-    decide the store's content, hence its fingerprint; the others only how the dump runs."""
+    decide the store's content, hence its fingerprint; the others only how the dump runs.
+
+    ``top_k`` and ``samples`` left None take the selection's defaults when the config is made (``DEFAULT_TOP_K``,
+    ``DEFAULT_SAMPLES``; a sampled config's ``top_k`` is its ``samples``), so every reader of a config sees
+    concrete numbers and a config given the same values explicitly is the same config. (``dataclasses.replace``
+    of ``selection`` alone keeps the resolved numbers of the old one: give ``top_k`` and ``samples`` too.)"""
 
     teacher: str  # HF checkpoint dir/URI or preset:NAME[@SEED]
     data: str  # JSONL / pre-tokenized ArrayRecord file, glob or directory
     output: str  # store location (local path, file:// or gs://)
-    top_k: int = 64
+    top_k: int | None = None  # None: the selection's default (topk 64, hybrid 4; sampled: its samples)
     seq_len: int = 512
     batch_size: int = 8  # examples per step, across all processes
     num_steps: int | None = None  # default: every full batch of the data
@@ -37,8 +54,8 @@ class DumpConfig:
     text_field: str = "text"
     chat: ChatOptions = dataclasses.field(default_factory=ChatOptions)  # conversations: format, template, masks
     tokenizer: str | None = None  # default: the teacher's tokenizer.json
-    selection: str = "topk"  # topk | sampled | hybrid (top_k's exact head + samples draws from the rest)
-    samples: int | None = None  # sampled, hybrid: draws per position (N)
+    selection: str = DEFAULT_SELECTION  # topk | sampled | hybrid (top_k's exact head + samples draws from the rest)
+    samples: int | None = None  # sampled, hybrid: draws per position (N); None: hybrid 16, sampled: required
     proposal_temperature: float = 1.0  # sampled, hybrid: draws from softmax(logits / t)
     tail_temperatures: tuple = ()  # topk: also store the tail mass of the teacher tempered by each T
     array_record_options: str = manifest_mod.DEFAULT_ARRAY_RECORD_OPTIONS
@@ -56,10 +73,18 @@ class DumpConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "tail_temperatures", tuple(float(T) for T in self.tail_temperatures))
+        # the selection's defaults, resolved here only (an unknown selection keeps None: check() names it)
+        if self.samples is None:
+            object.__setattr__(self, "samples", DEFAULT_SAMPLES.get(self.selection))
+        if self.top_k is None:
+            object.__setattr__(self, "top_k", self.samples if self.selection == "sampled"
+                               else DEFAULT_TOP_K.get(self.selection))
 
     def check(self) -> "DumpConfig":
         """Every setting on its own and against the others (no file is read); InputError naming the flag."""
-        for name in ("top_k", "seq_len", "batch_size", "steps_per_file", "max_pending_steps"):
+        if self.top_k is not None:  # None: no default (a sampled config without samples: named below)
+            _require_int("top_k", self.top_k, 1)
+        for name in ("seq_len", "batch_size", "steps_per_file", "max_pending_steps"):
             _require_int(name, getattr(self, name), 1)
         for name in ("num_steps", "model_parallel", "device_batch", "vocab_chunk"):
             if getattr(self, name) is not None:
@@ -69,7 +94,10 @@ class DumpConfig:
         _require_choice("dtype", self.dtype, DTYPES)
         _require_choice("selection", self.selection, SELECTIONS)
         if self.selection in ("sampled", "hybrid"):
-            if self.samples is None or not 1 <= self.samples <= 65535:
+            if self.samples is None:
+                raise InputError(f"--selection {self.selection} needs --samples N (draws per position, "
+                                 "1 <= N <= 65535; e.g. 32)")
+            if not 1 <= self.samples <= 65535:
                 raise InputError(f"--selection {self.selection} needs --samples N with 1 <= N <= 65535, "
                                  f"got {self.samples}")
             if self.tail_temperatures:
@@ -106,20 +134,39 @@ class DumpConfig:
         return self
 
     @classmethod
-    def from_flat(cls, *, data_seed: int = 0, samples: int = 0, proposal_temperature: float = 1.0,
+    def from_flat(cls, *, data_seed: int = 0, top_k: int = 0, samples: int = 0, proposal_temperature: float = 1.0,
                   tail_temperatures: str = "", tokenizer: str = "", model_parallel: int = 0, device_batch: int = 0,
                   vocab_chunk: int = 0, **fields) -> "DumpConfig":
-        """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset",
+        """The config of settings given flat, every one set (the pipeline's parameters): 0 or "" for "unset"
+        (``top_k`` and ``samples`` 0: the selection's default, as the command line's omitted flags),
         ``tail_temperatures`` as comma-separated text, ``samples`` and ``proposal_temperature`` applying to a
         sampled or hybrid selection only, ``data_seed`` for ``seed``, the conversation options as
         ``ChatOptions.from_flat`` takes them."""
-        sampled = fields.get("selection", "topk") in ("sampled", "hybrid")
+        sampled = fields.get("selection", DEFAULT_SELECTION) in ("sampled", "hybrid")
         chat = ChatOptions.from_flat(**{k: fields.pop(k) for k in CHAT_FLAT if k in fields})
-        return cls(seed=data_seed, chat=chat, samples=samples if sampled else None,
+        return cls(seed=data_seed, chat=chat, top_k=top_k or None, samples=(samples or None) if sampled else None,
                    proposal_temperature=proposal_temperature if sampled else 1.0,
                    tail_temperatures=tuple(float(x) for x in tail_temperatures.split(",") if x.strip()),
                    tokenizer=tokenizer or None, model_parallel=model_parallel or None,
                    device_batch=device_batch or None, vocab_chunk=vocab_chunk or None, **fields)
+
+    @classmethod
+    def from_component(cls, inputs: dict, **settings) -> "DumpConfig":
+        """The config of a pipeline component's ``inputs`` (its arguments by name, ``locals()`` on entry): the
+        store's settings among them (``COMPONENT_FIELDS``, given flat), with ``settings`` (the output, how the dump
+        runs) as ``from_flat`` takes them. plan_dump and preflight plan ``output="", progress=False``."""
+        return cls.from_flat(**{name: inputs[name] for name in COMPONENT_FIELDS}, **settings)
+
+    def describe_selection(self) -> str:
+        """The selection with its resolved numbers, in words (the dump's first line)."""
+        at = f" at proposal temperature {self.proposal_temperature:g}" if self.proposal_temperature != 1.0 else ""
+        if self.selection == "hybrid":
+            return f"hybrid selection: top-{self.top_k} + tail mass and {self.samples} tail draws per position{at}"
+        if self.selection == "sampled":
+            return f"sampled selection: {self.samples} draws per position{at}"
+        tails = f", tail mass at T = 1 and {', '.join(f'{T:g}' for T in self.tail_temperatures)}" \
+            if self.tail_temperatures else " + tail mass"
+        return f"topk selection: top-{self.top_k}{tails}"
 
     @property
     def inputs(self) -> dict:

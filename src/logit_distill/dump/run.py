@@ -129,7 +129,7 @@ def _run(plan: DumpPlan, teacher, source, mesh, lease, t_start: float) -> DumpRe
         msg = f"resuming at step {resumed_from} ({scan.num_present} of {scan.num_expected} chunks present)"
     else:
         msg = f"starting at step 0 ({scan.num_expected} chunks to write)"
-    _say(process, f"{uri}: {msg}")
+    _say(process, f"{uri}: {msg}; {config.describe_selection()}")
     t_compute = time.perf_counter()
     steps_run, committed, first_step_at = 0, [], None
     if todo:

@@ -154,7 +154,7 @@ def _require_tempered_tail(temperature, tempered_tail, what: str) -> None:
         at = "a traced temperature" if T is None else f"temperature {T:g}"
         raise InputError(
             f"{what} at {at} needs the teacher's tail mass tempered at that temperature (tempered_tail=, "
-            "batch field tail_logprob_tempered: dump --tail-temperatures T); without it the tail bin would be "
+            "batch field tail_logprob_tempered: dump --selection topk --tail-temperatures T); without it the tail bin would be "
             "tempered as if it were one token, which optimises another objective")
 
 

@@ -243,10 +243,13 @@ def _check_loss(config: TrainConfig, source: TrainSource, loss: str) -> None:
         have = manifest_mod.tail_temperatures_of(source.manifest)
         T = float(config.temperature)
         if T not in have:
+            # a hybrid store holds its tail at its proposal temperature; a top-k store at its tail temperatures
+            redump = (f"--proposal-temperature {T:g}" if source.selection == "hybrid"
+                      else f"--selection topk --tail-temperatures {T:g}")
             raise InputError(
                 f"--loss {loss} at --temperature {T:g} needs the teacher's tail mass tempered at {T:g}, but "
                 f"{source.where} holds it at {', '.join(f'{t:g}' for t in have) if have else 'no temperature'}; use "
-                f"one of those (or 1), or dump with --tail-temperatures {T:g}")
+                f"one of those (or 1), or dump with {redump}")
 
 
 # Measured relative gradient bias of sampled_kl at T != t (docs/LOSSES.md, bench/temperature_bias.py):
