@@ -218,7 +218,7 @@ def test_save_hf_checkpoint_roundtrip(ckpts, tmp_path, name):
     assert ("lm_head.weight" in names) == (not HF_CONFIGS[name]["tie_word_embeddings"])
     hf2 = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32)
     tokens, positions, seg = _batch(m.vocab_size)
-    ours = np.asarray(m.apply(m.params, tokens, positions, seg))
+    ours = np.asarray(jax.jit(m.apply)(m.params, tokens, positions, seg))
     assert np.abs(_hf_logits(hf2.eval(), tokens, positions) - ours).max() <= TOL
     m2 = load_model(out)
     for a, b in zip(jax.tree.leaves(m.params), jax.tree.leaves(m2.params)):
@@ -263,7 +263,7 @@ def test_presets_load_and_match_transformers():
             preset_dir(name), attn_implementation="eager", dtype=torch.float32
         ).eval()
         tokens, positions, seg = _batch(m.vocab_size, B=1, L=12)
-        ours = np.asarray(m.apply(m.params, tokens, positions, seg))
+        ours = np.asarray(jax.jit(m.apply)(m.params, tokens, positions, seg))
         assert np.abs(ours - _hf_logits(hf, tokens, positions)).max() <= TOL, name
     tok = Tokenizer.from_file(m.tokenizer_path)
     ids = tok.encode("héllo <|endoftext|>").ids

@@ -434,7 +434,7 @@ def test_train_offline_and_online_sampled(setup, tmp_path, capfd, monkeypatch):
     b = {k: np.stack([rec[k] if k in ("tokens", "positions", "segment_ids", "loss_mask") else pad(rec[k]) for rec in recs])
          for k in ("tokens", "positions", "segment_ids", "loss_mask", "sample_ids", "sample_counts", "sample_logprobs")}
     student = load_model(r.hf_dir)
-    values = teacher_metrics.per_position(student.apply(student.params, b["tokens"], b["positions"],
+    values = teacher_metrics.per_position(jax.jit(student.apply)(student.params, b["tokens"], b["positions"],
                                                         b["segment_ids"]), b)
     want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, training_mask(b))))
     assert r.eval["teacher"]["kl_draws"] == pytest.approx(want["kl_draws"], rel=1e-4)
@@ -509,7 +509,7 @@ def test_train_from_a_hybrid_store_is_hybrid_kl_against_float64(setup, hybrid_st
     recs = [s.read(i) for i in range(len(s))]
     b = {k: np.stack([rec[k] for rec in recs]) for k in ("tokens", "positions", "segment_ids", "loss_mask")}
     student, teacher = load_model("preset:tiny-qwen3@1"), load_model(setup["teacher"])
-    z, t = (np.asarray(m.apply(m.params, b["tokens"], b["positions"], b["segment_ids"]), np.float64)
+    z, t = (np.asarray(jax.jit(m.apply)(m.params, b["tokens"], b["positions"], b["segment_ids"]), np.float64)
             for m in (student, teacher))
     mask = np.asarray(training_mask(b))
     values = [np_hybrid_kl(z[e, j], t[e, j], {k: recs[e][k][None] for k in ("topk_ids", "sample_ids", "sample_counts")},

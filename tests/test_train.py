@@ -116,7 +116,7 @@ def test_hf_export_loads_in_transformers_with_same_logits(setup, kd_run):
     tokens = rng.integers(0, VOCAB, size=(2, SEQ_LEN)).astype(np.int32)
     positions = np.tile(np.arange(SEQ_LEN, dtype=np.int32), (2, 1))
     segment_ids = np.ones_like(tokens)
-    mine = np.asarray(ours.apply(ours.params, tokens, positions, segment_ids))
+    mine = np.asarray(jax.jit(ours.apply)(ours.params, tokens, positions, segment_ids))
     with torch.no_grad():
         theirs = ref(input_ids=torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
     assert np.max(np.abs(mine - theirs)) <= 1e-4
@@ -362,8 +362,8 @@ def test_teacher_relative_evaluation_equals_teacher_metrics(setup, kd_run):
     ex = ExampleSource.open(setup["eval_data"], None, seq_len=SEQ_LEN, packing=True, seed=0)
     rows = ex.batch(list(range(len(ex))))
     args = [rows[k] for k in ("tokens", "positions", "segment_ids")]
-    values = teacher_metrics.per_position(student.apply(student.params, *args),
-                                          {"teacher_logits": teacher.apply(teacher.params, *args)}, k=TOP_K)
+    values = teacher_metrics.per_position(jax.jit(student.apply)(student.params, *args),
+                                          {"teacher_logits": jax.jit(teacher.apply)(teacher.params, *args)}, k=TOP_K)
     want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(values, training_mask(rows))))
     assert set(want) == {"kl", "top1_agreement", "topk_mass", "tail_shape_kl", "count"}
     for name, value in want.items():
@@ -391,7 +391,7 @@ def test_online_full_vocabulary_divergence_and_eval_store(setup, tmp_path):
     b = {k: np.stack([rec[k] for rec in recs]) for k in ("tokens", "positions", "segment_ids", "loss_mask", "topk_ids",
                                                          "topk_logprobs", "tail_logprob")}
     student = load_model(r.hf_dir)
-    logits = student.apply(student.params, b["tokens"], b["positions"], b["segment_ids"])
+    logits = jax.jit(student.apply)(student.params, b["tokens"], b["positions"], b["segment_ids"])
     want = teacher_metrics.means(jax.device_get(teacher_metrics.sums(teacher_metrics.per_position(logits, b),
                                                                      training_mask(b))))
     assert set(want) == {"kl_bins", "top1_agreement", "topk_mass", "count"} and got["k"] == TOP_K
