@@ -115,72 +115,6 @@ def test_a_complete_student_is_complete_for_the_evaluation_it_holds(tmp_path):
     assert training_state(str(out), eval_store="gs://b/held") == "complete"
 
 
-class _Planned(Exception):
-    """Raised in place of the planning or the training: the config a component built is what the test reads."""
-
-
-def _capture(monkeypatch, module, name: str) -> list:
-    seen = []
-
-    def stop(*args, **kwargs):
-        seen.append(args[-1])  # plan_training(config), plan_training_on(dump_plan, config), train_student(config)
-        raise _Planned
-
-    monkeypatch.setattr(module, name, stop)
-    return seen
-
-
-@pytest.mark.parametrize("case", ["loss_settings_and_teacher", "held_out_store"])
-def test_the_pipeline_parameters_reach_the_training_config(work, dumped, monkeypatch, tmp_path, case):
-    """The pipeline's values (its table, routed by params.args_for as the DAG routes them) reach TrainConfig in
-    the preflight, the training plan and the training alike: jsd_beta, skew, allow_biased_temperature,
-    eval_teacher, eval_store and every other training parameter; the three name the same training folder."""
-    import dataclasses
-
-    import logit_distill.train
-    import logit_distill.train.plan
-    from logit_distill.train import TrainConfig
-    from pipelines import params
-
-    given = {"loss_settings_and_teacher": dict(loss="topk_tail_jsd", jsd_beta=0.25, skew=0.3,
-                                               allow_biased_temperature=True, eval_data=work["eval_data"],
-                                               eval_teacher=TEACHER),
-             "held_out_store": dict(loss="topk_tail_skew_kl", skew=0.3, eval_store=str(tmp_path / "held-out"))}[case]
-    p = {**params.defaults("local"), "teacher": TEACHER, "data": work["data"], "student": STUDENT,
-         "output_root": str(work["root"] / "out"), "dump_num_steps": SETTINGS["num_steps"],
-         "dump_batch_size": SETTINGS["batch_size"], "train_num_steps": 2, "train_batch_size": 4,
-         "learning_rate": 1e-3, "warmup_steps": 1, "train_seed": 3, "alpha": 0.5, "temperature": 2.0,
-         "grad_accum": 2, "allow_tokenizer_mismatch": True,
-         **{k: SETTINGS[k] for k in ("selection", "top_k", "seq_len", "steps_per_file")}, **given}
-
-    configs = {}
-    seen = _capture(monkeypatch, logit_distill.train.plan, "plan_training_on")
-    with pytest.raises(_Planned):
-        components.preflight.preflight(**params.args_for(params.PLAN, p), **{
-            f"train_{k}": v for k, v in params.args_for(params.TRAIN_PLAN, p).items() if k != "output_root"})
-    configs["preflight"] = seen[-1]
-    seen = _capture(monkeypatch, logit_distill.train, "plan_training")
-    with pytest.raises(_Planned):
-        components.plan_training.plan_training(store=dumped["store"], **params.args_for(params.TRAIN_PLAN, p))
-    configs["plan"] = seen[-1]
-    seen = _capture(monkeypatch, logit_distill.train, "train_student")
-    with pytest.raises(_Planned):
-        components.train_offline_student.train_offline_student(
-            store=dumped["store"], model=Model(uri=str(tmp_path / "model")), metrics=Metrics(uri=str(tmp_path / "m")),
-            report=HTML(uri=str(tmp_path / "r.html")), **params.args_for(params.TRAIN, p))
-    configs["train"] = dataclasses.replace(seen[-1], checkpoint_every=500, log_every=None)  # the training's own
-
-    want = TrainConfig.from_flat(
-        store=dumped["store"].uri, output=configs["plan"].output, student=STUDENT, num_steps=2, batch_size=4,
-        learning_rate=1e-3, warmup_steps=1, seed=3, loss=given["loss"], alpha=0.5, alpha_end=-1.0,
-        alpha_schedule="constant", temperature=2.0, grad_accum=2, allow_tokenizer_mismatch=True, progress=False,
-        **{k: v for k, v in given.items() if k != "loss"})
-    assert configs == {"preflight": want, "plan": want, "train": want}
-    assert configs["plan"].output.startswith(str(work["root"] / "out" / "students") + os.sep)
-    for name in ("jsd_beta", "skew", "allow_biased_temperature", "eval_data", "eval_teacher", "eval_store"):
-        assert getattr(want, name) == given.get(name, getattr(TrainConfig, name)), name
-
-
 def test_plan_dump_names_the_store_by_its_fingerprint(work):
     from logit_distill.dump import DumpConfig, plan_dump
     from logit_distill.store import dump_key
@@ -338,6 +272,72 @@ def test_verify_passes_a_good_store_and_fails_a_damaged_one(work, dumped, tmp_pa
     assert metrics.metadata["check_coverage"] == 0
     assert "check_spot_check" not in metrics.metadata  # skipped checks are no numbers
     assert report.metadata["first_failure"].startswith("verify failed: ")
+
+
+class _Planned(Exception):
+    """Raised in place of the planning or the training: the config a component built is what the test reads."""
+
+
+def _capture(monkeypatch, module, name: str) -> list:
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(args[-1])  # plan_training(config), plan_training_on(dump_plan, config), train_student(config)
+        raise _Planned
+
+    monkeypatch.setattr(module, name, stop)
+    return seen
+
+
+@pytest.mark.parametrize("case", ["loss_settings_and_teacher", "held_out_store"])
+def test_the_pipeline_parameters_reach_the_training_config(work, dumped, monkeypatch, tmp_path, case):
+    """The pipeline's values (its table, routed by params.args_for as the DAG routes them) reach TrainConfig in
+    the preflight, the training plan and the training alike: jsd_beta, skew, allow_biased_temperature,
+    eval_teacher, eval_store and every other training parameter; the three name the same training folder."""
+    import dataclasses
+
+    import logit_distill.train
+    import logit_distill.train.plan
+    from logit_distill.train import TrainConfig
+    from pipelines import params
+
+    given = {"loss_settings_and_teacher": dict(loss="topk_tail_jsd", jsd_beta=0.25, skew=0.3,
+                                               allow_biased_temperature=True, eval_data=work["eval_data"],
+                                               eval_teacher=TEACHER),
+             "held_out_store": dict(loss="topk_tail_skew_kl", skew=0.3, eval_store=str(tmp_path / "held-out"))}[case]
+    p = {**params.defaults("local"), "teacher": TEACHER, "data": work["data"], "student": STUDENT,
+         "output_root": str(work["root"] / "out"), "dump_num_steps": SETTINGS["num_steps"],
+         "dump_batch_size": SETTINGS["batch_size"], "train_num_steps": 2, "train_batch_size": 4,
+         "learning_rate": 1e-3, "warmup_steps": 1, "train_seed": 3, "alpha": 0.5, "temperature": 2.0,
+         "grad_accum": 2, "allow_tokenizer_mismatch": True,
+         **{k: SETTINGS[k] for k in ("selection", "top_k", "seq_len", "steps_per_file")}, **given}
+
+    configs = {}
+    seen = _capture(monkeypatch, logit_distill.train.plan, "plan_training_on")
+    with pytest.raises(_Planned):
+        components.preflight.preflight(**params.args_for(params.PLAN, p), **{
+            f"train_{k}": v for k, v in params.args_for(params.TRAIN_PLAN, p).items() if k != "output_root"})
+    configs["preflight"] = seen[-1]
+    seen = _capture(monkeypatch, logit_distill.train, "plan_training")
+    with pytest.raises(_Planned):
+        components.plan_training.plan_training(store=dumped["store"], **params.args_for(params.TRAIN_PLAN, p))
+    configs["plan"] = seen[-1]
+    seen = _capture(monkeypatch, logit_distill.train, "train_student")
+    with pytest.raises(_Planned):
+        components.train_offline_student.train_offline_student(
+            store=dumped["store"], model=Model(uri=str(tmp_path / "model")), metrics=Metrics(uri=str(tmp_path / "m")),
+            report=HTML(uri=str(tmp_path / "r.html")), **params.args_for(params.TRAIN, p))
+    configs["train"] = dataclasses.replace(seen[-1], checkpoint_every=500, log_every=None)  # the training's own
+
+    want = TrainConfig.from_flat(
+        store=dumped["store"].uri, output=configs["plan"].output, student=STUDENT, num_steps=2, batch_size=4,
+        learning_rate=1e-3, warmup_steps=1, seed=3, loss=given["loss"], alpha=0.5, alpha_end=-1.0,
+        alpha_schedule="constant", temperature=2.0, grad_accum=2, allow_tokenizer_mismatch=True, progress=False,
+        **{k: v for k, v in given.items() if k != "loss"})
+    assert configs == {"preflight": want, "plan": want, "train": want}
+    assert configs["plan"].output.startswith(str(work["root"] / "out" / "students") + os.sep)
+    for name in ("jsd_beta", "skew", "allow_biased_temperature", "eval_data", "eval_teacher", "eval_store"):
+        assert getattr(want, name) == given.get(name, getattr(TrainConfig, name)), name
 
 
 @pytest.mark.slow
