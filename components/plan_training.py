@@ -5,12 +5,14 @@ computes the train key (a fingerprint of the store and every training
 setting, ``logit_distill.train.key``) and the folder
 ``<output_root>/students/<train_key>/`` the training resumes in (or
 ``output_dir`` when given), and reads that folder's names: ``complete`` when
-the export is written (and the evaluation on ``eval_data``, when asked for),
+the export is written (and the evaluation on ``eval_data`` or ``eval_store``,
+against ``eval_teacher`` when given, when one is asked for),
 so the pipeline skips the training task and no accelerator job starts for a
 student that exists. A training still to do is planned here
 (``logit_distill.train.plan_training``: the student's vocabulary, length and
 tokenizer against the store, the loss, the evaluation data read and
-tokenized, the folder): a mistyped held-out path or a student of another
+tokenized, the evaluation teacher's config or the held-out store's manifest, the
+folder): a mistyped held-out path or a student of another
 tokenizer fails here, on the CPU image, with the tool's one line (exit 2),
 before the training's accelerator job. ``state`` says what is there (``empty``, ``checkpoint at
 step N``, ...). ``job_display_name`` names the training's custom job after the
@@ -38,9 +40,14 @@ def plan_training(
     alpha_end: float = -1.0,
     alpha_schedule: str = "constant",
     temperature: float = 1.0,
+    jsd_beta: float = 0.5,
+    skew: float = 0.1,
+    allow_biased_temperature: bool = False,
     grad_accum: int = 1,
     allow_tokenizer_mismatch: bool = False,
     eval_data: str = "",
+    eval_teacher: str = "",
+    eval_store: str = "",
     output_root: str = "",
     output_dir: str = "",
     role: str = "student",
@@ -64,16 +71,19 @@ def plan_training(
             student=student, num_steps=num_steps, batch_size=batch_size, grad_accum=grad_accum,
             learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
             alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
-            allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+            allow_tokenizer_mismatch=allow_tokenizer_mismatch, jsd_beta=jsd_beta, skew=skew,
+            allow_biased_temperature=allow_biased_temperature)
         key = train_key(store.uri, settings)
         output = output_dir or paths.join(output_root, STUDENTS_DIR, key)
-        state = training_state(output, eval_data)
+        state = training_state(output, eval_data, eval_teacher, eval_store)
         if state != "complete":  # everything the training checks before its first step, on this CPU
             plan_training(TrainConfig.from_flat(
                 store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
                 learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
-                alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature, grad_accum=grad_accum,
-                eval_data=eval_data, allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False))
+                alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature, jsd_beta=jsd_beta,
+                skew=skew, allow_biased_temperature=allow_biased_temperature, grad_accum=grad_accum,
+                eval_data=eval_data, eval_teacher=eval_teacher, eval_store=eval_store,
+                allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False))
     except LogitDistillError as e:  # a CPU task without retries: the run fails with this line
         code, line = describe(e)
         print(f"logit-distill train: {line}", file=sys.stderr, flush=True)

@@ -3,7 +3,8 @@
 The pipeline's first task after ``plan_dump``: it plans the dump (the teacher's config and tokenizer, the
 data's identity, the store's key) and then the KD student's training against the store that dump will
 write (``logit_distill.train.plan.plan_training_on``: the student's vocabulary, length and tokenizer against the
-teacher's, the loss against the store's selection, the evaluation data read and tokenized, the training
+teacher's, the loss against the store's selection, the evaluation data read and tokenized, the evaluation teacher's
+config or the held-out store's manifest, the training
 folder, every setting). A deterministic failure (exit 2) fails the run here, with the tool's one line and
 no retry; nothing is written. The dump starts only after it. Its inputs are the plan's and, prefixed
 ``train_``, the training plan's.
@@ -55,9 +56,14 @@ def preflight(
     train_alpha_end: float = -1.0,
     train_alpha_schedule: str = "constant",
     train_temperature: float = 1.0,
+    train_jsd_beta: float = 0.5,
+    train_skew: float = 0.1,
+    train_allow_biased_temperature: bool = False,
     train_grad_accum: int = 1,
     train_allow_tokenizer_mismatch: bool = False,
     train_eval_data: str = "",
+    train_eval_teacher: str = "",
+    train_eval_store: str = "",
 ) -> str:
     """Check the dump and the training of these settings; return the training folder they would use."""
     inputs = dict(locals())  # the arguments: DumpConfig.from_component takes the store's settings among them
@@ -82,12 +88,14 @@ def preflight(
         flat = dict(student=train_student, num_steps=train_num_steps, batch_size=train_batch_size,
                     learning_rate=train_learning_rate, warmup_steps=train_warmup_steps, seed=train_seed,
                     loss=train_loss, alpha=train_alpha, alpha_end=train_alpha_end,
-                    alpha_schedule=train_alpha_schedule, temperature=train_temperature, grad_accum=train_grad_accum,
-                    allow_tokenizer_mismatch=train_allow_tokenizer_mismatch)
+                    alpha_schedule=train_alpha_schedule, temperature=train_temperature, jsd_beta=train_jsd_beta,
+                    skew=train_skew, allow_biased_temperature=train_allow_biased_temperature,
+                    grad_accum=train_grad_accum, allow_tokenizer_mismatch=train_allow_tokenizer_mismatch)
         key = train_key(store_uri, training_settings(**flat), fingerprint=planned.manifest["fingerprint"])
         output = paths.join(output_root, STUDENTS_DIR, key)
         plan_training_on(planned, TrainConfig.from_flat(store=store_uri, output=output, eval_data=train_eval_data,
-                                                        progress=False, **flat))
+                                                        eval_teacher=train_eval_teacher,
+                                                        eval_store=train_eval_store, progress=False, **flat))
     except LogitDistillError as e:  # a CPU task without retries: the run fails with this line
         code, line = describe(e)
         print(f"logit-distill preflight: {line}", file=sys.stderr, flush=True)

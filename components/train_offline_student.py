@@ -4,7 +4,9 @@ A thin wrapper over ``logit_distill.train.train_student``. Outputs: a ``Model``
 artifact (the training folder: Orbax checkpoints, ``metrics.jsonl``,
 ``eval.json`` and the exported student: Hugging Face format in ``hf/``, or ``student/``
 for a ``flax:MODULE:FACTORY`` student), ``Metrics`` (final
-losses, held-out cross-entropy and perplexity when ``eval_data`` is given) and
+losses, held-out cross-entropy and perplexity when ``eval_data`` or
+``eval_store`` is given, and with ``eval_teacher`` or ``eval_store`` the
+teacher-relative measures, ``eval_teacher_<measure>``) and
 an ``HTML`` report with the loss curves as a picture; per-step curves also go
 to TensorBoard event files (``$AIP_TENSORBOARD_LOG_DIR`` on Vertex, else the
 folder's ``tensorboard/``).
@@ -51,8 +53,13 @@ def train_offline_student(
     alpha_end: float = -1.0,
     alpha_schedule: str = "constant",
     temperature: float = 1.0,
+    jsd_beta: float = 0.5,
+    skew: float = 0.1,
+    allow_biased_temperature: bool = False,
     checkpoint_every: int = 500,
     eval_data: str = "",
+    eval_teacher: str = "",
+    eval_store: str = "",
     max_eval_examples: int = 0,
     grad_accum: int = 1,
     allow_tokenizer_mismatch: bool = False,
@@ -90,17 +97,19 @@ def train_offline_student(
         student=student, num_steps=num_steps, batch_size=batch_size, grad_accum=grad_accum,
         learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
         alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
-        allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+        allow_tokenizer_mismatch=allow_tokenizer_mismatch, jsd_beta=jsd_beta, skew=skew,
+        allow_biased_temperature=allow_biased_temperature)
     try:
         # A folder named by the store and the settings: a retried or preempted task resumes there.
         output = output_dir or (train_output(output_root, store.uri, settings) if output_root else model.uri)
         result = train_student(TrainConfig.from_flat(
             store=store.uri, student=student, output=output, num_steps=num_steps, batch_size=batch_size,
             learning_rate=learning_rate, warmup_steps=warmup_steps, seed=seed, loss=loss, alpha=alpha,
-            alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature,
-            checkpoint_every=checkpoint_every, eval_data=eval_data, max_eval_examples=max_eval_examples,
-            grad_accum=grad_accum, log_every=log_every, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
-            progress=False))
+            alpha_end=alpha_end, alpha_schedule=alpha_schedule, temperature=temperature, jsd_beta=jsd_beta,
+            skew=skew, allow_biased_temperature=allow_biased_temperature, checkpoint_every=checkpoint_every,
+            eval_data=eval_data, eval_teacher=eval_teacher, eval_store=eval_store,
+            max_eval_examples=max_eval_examples, grad_accum=grad_accum, log_every=log_every,
+            allow_tokenizer_mismatch=allow_tokenizer_mismatch, progress=False))
     except LogitDistillError as e:  # deterministic: recorded for fail_on_error, not retried
         code, line = describe(e)
         line = f"logit-distill train: {line}"
@@ -119,6 +128,8 @@ def train_offline_student(
         "resources_requested": dict(resources), "settings": settings,
         "resumed_from_step": result.resumed_from_step, "tensorboard": log_dir_for(result.output),
     })
+    if result.eval:  # eval.json, as use_existing_student gives it for a reused student
+        model.metadata["eval"] = result.eval
 
     final = result.metrics or (rows[-1] if rows else {})
     for key in ("loss", "kd_loss", "ce_loss", "grad_norm", "tokens_per_s"):
@@ -128,6 +139,12 @@ def train_offline_student(
         metrics.log_metric("eval_cross_entropy", round(float(result.eval["cross_entropy"]), 6))
         metrics.log_metric("eval_perplexity", round(float(result.eval["perplexity"]), 4))
         metrics.log_metric("eval_tokens", int(result.eval["num_tokens"]))
+        # with eval_teacher or eval_store: the teacher-relative means per position (eval.json's "teacher")
+        for name, value in result.eval.get("teacher", {}).items():
+            if name in ("k", "count"):
+                metrics.log_metric(f"eval_teacher_{name}", int(value))
+            elif name != "against":
+                metrics.log_metric(f"eval_teacher_{name}", round(float(value), 6))
 
     # ---- the report: the training's own figure (loss.png, written by the run) embedded in one page
     png = base64.b64encode(paths.read_bytes(paths.join(result.output, PLOT_NAME))).decode()
@@ -135,6 +152,10 @@ def train_offline_student(
              "grad_accum": grad_accum, "learning_rate": learning_rate, "loss": loss, "alpha": alpha,
              "alpha_end": None if alpha_end < 0 else alpha_end, "alpha_schedule": alpha_schedule,
              "temperature": temperature, "seed": seed, "output": result.output, "export": result.export_dir}
+    # the loss settings in the train key (only where they apply), and the evaluation asked for
+    shown.update({k: v for k, v in settings.items() if k in ("jsd_beta", "skew", "allow_biased_temperature")})
+    shown.update({k: v for k, v in (("eval_data", eval_data), ("eval_teacher", eval_teacher),
+                                    ("eval_store", eval_store)) if v})
     table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                     for k, v in shown.items())
     page = (
@@ -157,7 +178,8 @@ def train_offline_student(
 INPUTS = {
     "store": "The verified store.",
     "model": "The training folder: Orbax checkpoints, metrics.jsonl, eval.json, the HF export in hf/.",
-    "metrics": "Final losses and the held-out cross-entropy / perplexity.",
+    "metrics": "Final losses, the held-out cross-entropy / perplexity and the teacher-relative measures "
+               "(eval_teacher_<measure>).",
     "report": "Loss curves and schedules (HTML).",
     "max_eval_examples": "Evaluate on at most this many held-out examples (0: all).",
     "log_every": "Optimizer steps between metric rows.",

@@ -69,6 +69,7 @@ class Param:
     choices: tuple | None = None
     min: float | None = None
     max: float | None = None
+    exclusive: bool = False  # min and max themselves are refused (an open interval)
     group: str = ""
 
     def default_in(self, variant: str) -> Any:
@@ -82,6 +83,9 @@ class Param:
             return f"{self.name}={value!r} is not a finite number"
         if self.choices is not None and value not in self.choices:
             return f"{self.name}={value!r} is not one of {', '.join(repr(c) for c in self.choices)}"
+        if self.exclusive and ((self.min is not None and value <= self.min) or
+                               (self.max is not None and value >= self.max)):
+            return f"{self.name}={value!r} is not in the open interval ({self.min:g}, {self.max:g})"
         if self.min is not None and value < self.min:
             return f"{self.name}={value!r} is below its minimum {self.min:g}"
         if self.max is not None and value > self.max:
@@ -259,11 +263,39 @@ PARAMS: tuple[Param, ...] = (
           choices=("constant", "linear", "cosine"), variants=ALL, group="train"),
     Param("temperature", float, 1.0, "KD temperature T (the KD loss is scaled by T^2).", _to(TRAIN, TRAIN_PLAN),
           min=1e-6, variants=ALL, group="train"),
+    Param("jsd_beta", float, 0.5, "The *_jsd losses (topk_tail_jsd, sampled_jsd): the weight beta of the mixture "
+          "m = beta p + (1 - beta) q (p the teacher's distribution, q the student's) in their generalized JSD, "
+          "beta KL(p || m) + (1 - beta) KL(q || m) (0.5: the Jensen-Shannon divergence); in (0, 1). Part of the "
+          "train key only with a *_jsd loss.", _to(TRAIN, TRAIN_PLAN), min=0.0, max=1.0, exclusive=True,
+          variants=ALL, group="train"),
+    Param("skew", float, 0.1, "The *_skew_kl / *_skew_reverse_kl losses: the weight a of their mixture, "
+          "KL(p || a p + (1 - a) q) and KL(q || a q + (1 - a) p); in (0, 1). Part of the train key only with a "
+          "*_skew_* loss.", _to(TRAIN, TRAIN_PLAN), min=0.0, max=1.0, exclusive=True, variants=ALL,
+          group="train"),
+    Param("allow_biased_temperature", bool, False, "Accept a sampled_* loss at a temperature other than the "
+          "store's proposal_temperature (refused by default: the importance weights are then self-normalised, a "
+          "biased gradient; the training logs the bias measured for its number of draws). For the sampled_* "
+          "losses only: refused with a loss of another kind given. Part of the train key when set.",
+          _to(TRAIN, TRAIN_PLAN), variants=ALL, group="train"),
     Param("checkpoint_every", int, 500, "Optimizer steps between checkpoints.", _to(TRAIN), min=1,
           variants=ALL, group="train"),
     Param("grad_accum", int, 1, "Micro-batches accumulated per optimizer step.", _to(TRAIN, TRAIN_PLAN), min=1,
           variants=ALL, group="train"),
     Param("eval_data", str, "", "Held-out data for the student's cross-entropy (empty: no evaluation).",
+          _to(TRAIN, TRAIN_PLAN), variants=ALL, group="train"),
+    Param("eval_teacher", str, "", "With eval_data: a teacher (an HF checkpoint folder or gs:// prefix, or "
+          "preset:NAME) run on it after training: KL(teacher || student) over the full vocabulary, top-1 "
+          "agreement, the student's mass on the teacher's top-k and the tail-shape KL outside it (k: the store's "
+          "top_k for a top-k store, else 64), in the metrics (eval_teacher_*), the report and eval.json (empty: "
+          "none). Not part of the train key, as eval_data: the training task of a complete student not yet "
+          "measured against it runs again, from its last checkpoint, to evaluate it.",
+          _to(TRAIN, TRAIN_PLAN), variants=ALL, group="train"),
+    Param("eval_store", str, "", "A held-out logit store (local or gs://; complete, of the training store's "
+          "vocabulary, seq_len and tokenizer) evaluated after training: the student's cross-entropy on its "
+          "examples and, against its teacher values, the KL over its k + 1 bins (a lower bound), top-1 agreement "
+          "and top-k mass (a top-k store, or a hybrid store's head) or the KL estimated from its draws (a sampled "
+          "store at proposal temperature 1), in the metrics (eval_*, eval_teacher_*), the report and eval.json "
+          "(empty: none). Excludes eval_data. Not part of the train key, as eval_data.",
           _to(TRAIN, TRAIN_PLAN), variants=ALL, group="train"),
     Param("allow_tokenizer_mismatch", bool, False, "Train a student whose tokenizer.json differs from the one "
           "the store's data was tokenized with (refused by default, naming the first differing ids); the "
@@ -463,6 +495,11 @@ def check(values: dict, variant: str) -> list[str]:
             if why:
                 problems.append(why)
     given = {**defaults(variant), **values}
+    if given.get("eval_store") and (given.get("eval_data") or given.get("eval_teacher")):
+        problems.append("eval_store holds its own held-out examples and the teacher's values on them; give "
+                        "eval_store alone, or eval_data (with eval_teacher for the teacher's measures)")
+    if given.get("eval_teacher") and not given.get("eval_data"):
+        problems.append("eval_teacher runs the teacher on eval_data; give eval_data too")
     if variant in BOTH and given.get("selection") == "sampled" and not given.get("samples"):
         problems.append("selection sampled needs samples=N (draws per position, 1 to 65535): a sampled store has "
                         "no default N")

@@ -20,6 +20,8 @@ CLOUD_PATHS = {
     "output_root": ((), False),
     "store": ((), False),
     "eval_data": ((), True),
+    "eval_teacher": (("preset:",), True),
+    "eval_store": ((), True),
     "tokenizer": ((), True),
     "base_output_directory": ((), True),
 }

@@ -77,6 +77,42 @@ def test_plan_and_preflight_default_to_the_hybrid_store(work, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err[-1].startswith("logit-distill preflight: error: --selection sampled needs "
                                                     "--samples N"), err
+    # a mistyped held-out store or evaluation teacher: one line, before any dump (the pipeline's preflight task
+    # fails with it: no dump and no training task starts)
+    typo = str(work["root"] / "heldout-typo")
+    for given, line in ((dict(train_eval_store=typo), f"{typo} is not a logit store: it does not exist"),
+                        (dict(train_eval_data=work["eval_data"], train_eval_teacher=typo),
+                         f"{typo}/config.json: no config.json")):
+        with pytest.raises(SystemExit) as e:
+            components.preflight.preflight(teacher=TEACHER, data=work["data"], output_root=root, **settings, **train,
+                                           **given)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err[-1].startswith(f"logit-distill preflight: error: {line}"), err
+    assert not os.path.exists(os.path.join(root, "teacher_topk"))  # nothing written
+    assert components.preflight.preflight(teacher=TEACHER, data=work["data"], output_root=root, **settings, **train,
+                                          train_eval_data=work["eval_data"], train_eval_teacher=TEACHER) == output
+
+
+def test_a_complete_student_is_complete_for_the_evaluation_it_holds(tmp_path):
+    """plan_training skips the training of a folder whose export and eval.json hold what is asked for: the held-out
+    data or store, and against eval_teacher when given (the evaluation settings are not in the train key)."""
+    from logit_distill.train.key import training_state
+
+    out = tmp_path / "student"
+    (out / "hf").mkdir(parents=True)
+    (out / "hf" / "config.json").write_text("{}")
+    assert training_state(str(out)) == "complete"
+    assert training_state(str(out), "heldout") == "exported, not evaluated on heldout"
+    (out / "eval.json").write_text(json.dumps({"data": "heldout", "cross_entropy": 1.0}))
+    assert training_state(str(out), "heldout") == "complete"
+    assert training_state(str(out), "heldout", eval_teacher="preset:t") == \
+        "exported, not evaluated on heldout against teacher preset:t"
+    (out / "eval.json").write_text(json.dumps({"data": "heldout", "teacher": {"against": "teacher preset:t"}}))
+    assert training_state(str(out), "heldout", eval_teacher="preset:t") == "complete"
+    assert training_state(str(out), "heldout", eval_teacher="preset:u").endswith("against teacher preset:u")
+    assert training_state(str(out), eval_store="gs://b/held") == "exported, not evaluated on gs://b/held"
+    (out / "eval.json").write_text(json.dumps({"data": "gs://b/held", "teacher": {"against": "store gs://b/held"}}))
+    assert training_state(str(out), eval_store="gs://b/held") == "complete"
 
 
 def test_plan_dump_names_the_store_by_its_fingerprint(work):
@@ -238,23 +274,96 @@ def test_verify_passes_a_good_store_and_fails_a_damaged_one(work, dumped, tmp_pa
     assert report.metadata["first_failure"].startswith("verify failed: ")
 
 
+class _Planned(Exception):
+    """Raised in place of the planning or the training: the config a component built is what the test reads."""
+
+
+def _capture(monkeypatch, module, name: str) -> list:
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(args[-1])  # plan_training(config), plan_training_on(dump_plan, config), train_student(config)
+        raise _Planned
+
+    monkeypatch.setattr(module, name, stop)
+    return seen
+
+
+@pytest.mark.parametrize("case", ["loss_settings_and_teacher", "held_out_store"])
+def test_the_pipeline_parameters_reach_the_training_config(work, dumped, monkeypatch, tmp_path, case):
+    """The pipeline's values (its table, routed by params.args_for as the DAG routes them) reach TrainConfig in
+    the preflight, the training plan and the training alike: jsd_beta, skew, allow_biased_temperature,
+    eval_teacher, eval_store and every other training parameter; the three name the same training folder."""
+    import dataclasses
+
+    import logit_distill.train
+    import logit_distill.train.plan
+    from logit_distill.train import TrainConfig
+    from pipelines import params
+
+    given = {"loss_settings_and_teacher": dict(loss="topk_tail_jsd", jsd_beta=0.25, skew=0.3,
+                                               allow_biased_temperature=True, eval_data=work["eval_data"],
+                                               eval_teacher=TEACHER),
+             "held_out_store": dict(loss="topk_tail_skew_kl", skew=0.3, eval_store=str(tmp_path / "held-out"))}[case]
+    p = {**params.defaults("local"), "teacher": TEACHER, "data": work["data"], "student": STUDENT,
+         "output_root": str(work["root"] / "out"), "dump_num_steps": SETTINGS["num_steps"],
+         "dump_batch_size": SETTINGS["batch_size"], "train_num_steps": 2, "train_batch_size": 4,
+         "learning_rate": 1e-3, "warmup_steps": 1, "train_seed": 3, "alpha": 0.5, "temperature": 2.0,
+         "grad_accum": 2, "allow_tokenizer_mismatch": True,
+         **{k: SETTINGS[k] for k in ("selection", "top_k", "seq_len", "steps_per_file")}, **given}
+
+    configs = {}
+    seen = _capture(monkeypatch, logit_distill.train.plan, "plan_training_on")
+    with pytest.raises(_Planned):
+        components.preflight.preflight(**params.args_for(params.PLAN, p), **{
+            f"train_{k}": v for k, v in params.args_for(params.TRAIN_PLAN, p).items() if k != "output_root"})
+    configs["preflight"] = seen[-1]
+    seen = _capture(monkeypatch, logit_distill.train, "plan_training")
+    with pytest.raises(_Planned):
+        components.plan_training.plan_training(store=dumped["store"], **params.args_for(params.TRAIN_PLAN, p))
+    configs["plan"] = seen[-1]
+    seen = _capture(monkeypatch, logit_distill.train, "train_student")
+    with pytest.raises(_Planned):
+        components.train_offline_student.train_offline_student(
+            store=dumped["store"], model=Model(uri=str(tmp_path / "model")), metrics=Metrics(uri=str(tmp_path / "m")),
+            report=HTML(uri=str(tmp_path / "r.html")), **params.args_for(params.TRAIN, p))
+    configs["train"] = dataclasses.replace(seen[-1], checkpoint_every=500, log_every=None)  # the training's own
+
+    want = TrainConfig.from_flat(
+        store=dumped["store"].uri, output=configs["plan"].output, student=STUDENT, num_steps=2, batch_size=4,
+        learning_rate=1e-3, warmup_steps=1, seed=3, loss=given["loss"], alpha=0.5, alpha_end=-1.0,
+        alpha_schedule="constant", temperature=2.0, grad_accum=2, allow_tokenizer_mismatch=True, progress=False,
+        **{k: v for k, v in given.items() if k != "loss"})
+    assert configs == {"preflight": want, "plan": want, "train": want}
+    assert configs["plan"].output.startswith(str(work["root"] / "out" / "students") + os.sep)
+    for name in ("jsd_beta", "skew", "allow_biased_temperature", "eval_data", "eval_teacher", "eval_store"):
+        assert getattr(want, name) == given.get(name, getattr(TrainConfig, name)), name
+
+
 @pytest.mark.slow
 def test_train_exports_the_student_and_reports_the_curves(work, dumped, tmp_path):
     model = Model(uri=str(tmp_path / "model"))
     metrics, report = Metrics(uri=str(tmp_path / "m")), HTML(uri=str(tmp_path / "report.html"))
     components.train_offline_student.train_offline_student(
         store=dumped["store"], student=STUDENT, num_steps=4, batch_size=4, model=model, metrics=metrics,
-        report=report, learning_rate=1e-3, eval_data=work["eval_data"], log_every=1, checkpoint_every=2,
-        resources={"cpu": "2"})
+        report=report, learning_rate=1e-3, eval_data=work["eval_data"], eval_teacher=TEACHER, log_every=1,
+        checkpoint_every=2, resources={"cpu": "2"})
     assert os.path.exists(os.path.join(model.uri, "hf", "config.json"))
     assert os.path.exists(os.path.join(model.uri, "metrics.jsonl"))
     assert model.metadata["hf_dir"].endswith("hf") and model.metadata["resources_requested"] == {"cpu": "2"}
     m = metrics.metadata
     assert model.metadata["num_steps"] == 4 and np.isfinite(m["eval_cross_entropy"]) and np.isfinite(m["final_loss"])
     assert all(v != -1 for v in m.values())  # no sentinel numbers among the metrics
+    # eval_teacher: the teacher-relative measures of eval.json are metrics too (k: the store's top_k)
+    teacher = model.metadata["eval"]["teacher"]
+    assert teacher["against"] == f"teacher {TEACHER}" and m["eval_teacher_k"] == SETTINGS["top_k"] == teacher["k"]
+    for name in ("kl", "top1_agreement", "topk_mass", "tail_shape_kl"):
+        assert m[f"eval_teacher_{name}"] == round(teacher[name], 6) and np.isfinite(m[f"eval_teacher_{name}"]), name
+    assert 0 <= m["eval_teacher_top1_agreement"] <= 1 and m["eval_teacher_count"] == teacher["count"] > 0
     assert os.listdir(os.path.join(model.uri, "tensorboard"))  # event files
     page = open(report.path).read()
     assert "data:image/png;base64," in page and "held-out cross-entropy" in page
+    assert f"against teacher {TEACHER}: KL(teacher || student)" in page and "<th>eval_teacher</th>" in page
 
 
 @pytest.mark.slow

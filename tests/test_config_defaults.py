@@ -146,3 +146,100 @@ def test_a_sampled_dump_without_samples_is_one_line(capsys, tmp_path):
                              "selection": "sampled"}, "local")
     assert problems == ["selection sampled needs samples=N (draws per position, 1 to 65535): a sampled store has "
                         "no default N"]
+
+
+# ---------------------------------------------------------------- every training option: a parameter, or why not
+
+# TrainConfig fields that `logit-distill train` sets and no pipeline parameter feeds to the training, and why.
+NOT_PIPELINE_PARAMETERS = {
+    "output": "the pipeline names the training folder, <output_root>/students/<train_key>/ (output_root)",
+    "store": "the store the pipeline dumped and verified (the from-store pipelines' store parameter), as an "
+             "artifact",
+    **{name: "online training only (a teacher run in the loop): the pipelines train from the store; the "
+             "parameters of these names are the dump's" for name in
+       ("teacher", "data", "top_k", "seq_len", "samples", "proposal_temperature", "packing", "data_seed")},
+    "num_examples": "online training only: a store holds what it holds",
+    "text_field": "the store records the field its data was read with, and eval_data is read with it (the "
+                  "text_field parameter is the dump's)",
+    "chat": "the store records the conversation options its data was read with, and eval_data is read with "
+            "them (the conversation parameters are the dump's)",
+    **{name: "the pipeline trains with TrainConfig's default; not a parameter yet (one would have to enter "
+             "the train key only when not the default, so that the folders of earlier runs still resume)"
+       for name in ("end_lr_fraction", "weight_decay", "max_grad_norm", "param_sharding")},
+    "keep_checkpoints": "the training keeps TrainConfig's default number of checkpoints",
+    "max_eval_examples": "an input of the training component (0: every held-out example) no parameter feeds",
+    "log_every": "an input of the training component (its default, 10 optimizer steps) no parameter feeds",
+    "progress": "a task has no terminal: the components give progress=False",
+    "report": "the training component always has the run write report.md and loss.png (its HTML report "
+              "embeds loss.png)",
+    "force_takeover": "the training task takes its folder's lease without force_takeover; not a parameter yet",
+    "lease_timeout_s": "the training task holds its folder's lease at TrainConfig's default timeout; not a "
+                       "parameter yet",
+}
+
+
+def _cli_train_fields() -> set:
+    """The TrainConfig fields `logit-distill train` sets (config_from_args: ``field=args.<flag>``)."""
+    import inspect
+    import re
+
+    from logit_distill.cli import train as train_cli
+
+    return set(re.findall(r"(\w+)=(?:args\.|chat_options\(args\))", inspect.getsource(train_cli.config_from_args)))
+
+
+def test_every_training_option_of_the_command_line_is_a_pipeline_parameter_or_said_why_not():
+    """So that a training option added to the CLI cannot silently be missing from the pipelines: each is fed to
+    the training component by a parameter of the table, or listed above with the reason."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cli = _cli_train_fields()
+    assert cli == fields, sorted(fields ^ cli)  # the command line sets every field (the regex sees them all)
+    fed = {param.to[params.TRAIN] or param.name: param for param in params.PARAMS if params.TRAIN in param.to}
+    fed = {TRAIN_FIELDS.get(name, name) for name in fed} & fields
+    missing = sorted(cli - fed - set(NOT_PIPELINE_PARAMETERS))
+    assert not missing, f"TrainConfig fields the CLI exposes that are no pipeline parameter: {missing}; add a " \
+                        "row to pipelines/params.py (and the component inputs), or say why not here"
+    stale = sorted(set(NOT_PIPELINE_PARAMETERS) & fed)
+    assert not stale, f"now pipeline parameters: drop them from NOT_PIPELINE_PARAMETERS: {stale}"
+    assert set(NOT_PIPELINE_PARAMETERS) <= fields, sorted(set(NOT_PIPELINE_PARAMETERS) - fields)
+    # the training plan takes every parameter of the training that is in the train key or checked before it
+    plan = {param.name for param in params.PARAMS if params.TRAIN_PLAN in param.to}
+    train = {param.name for param in params.PARAMS if params.TRAIN in param.to}
+    assert train - plan == {"checkpoint_every"}, train - plan
+
+
+@pytest.mark.parametrize("field,value", [("jsd_beta", 0.25), ("skew", 0.3)])
+def test_a_loss_setting_is_in_the_train_key_only_with_a_loss_that_uses_it(field, value):
+    """As in the training's identity (train_config.json): jsd_beta only with a *_jsd loss, skew only with a
+    *_skew_* one, allow_biased_temperature only when set; the default settings keep their earlier key."""
+    from logit_distill.train.key import train_key, training_settings
+
+    base = dict(student="s", num_steps=10, batch_size=4, grad_accum=1, learning_rate=3e-4, warmup_steps=-1,
+                seed=0, alpha=1.0, alpha_end=-1.0, alpha_schedule="constant", temperature=1.0)
+    uses = "sampled_jsd" if field == "jsd_beta" else "topk_tail_skew_kl"
+
+    def key(loss, **extra):
+        return train_key("", training_settings(loss=loss, **base, **extra), fingerprint="f" * 16)
+
+    for loss in ("", "hybrid_kl", "topk_tail_kl", "sampled_kl"):
+        assert key(loss, **{field: value}) == key(loss)
+    assert key(uses, **{field: value}) != key(uses)
+    assert training_settings(loss=uses, **base, **{field: value})[field] == value
+    assert key("sampled_kl", allow_biased_temperature=True) != key("sampled_kl")
+    assert "allow_biased_temperature" not in training_settings(loss="sampled_kl", **base)
+    assert set(training_settings(loss="", **base)) == {*base, "loss"}  # the key of earlier folders
+
+
+def test_the_pipelines_refuse_what_the_training_refuses_about_evaluation():
+    required = {"teacher": "t", "data": "d", "student": "s", "output_root": "o", "dump_num_steps": 1}
+    assert params.check({**required, "eval_data": "e", "eval_teacher": "preset:x"}, "local") == []
+    assert params.check({**required, "eval_store": "h"}, "local") == []
+    both = params.check({**required, "eval_data": "e", "eval_store": "h"}, "local")
+    assert len(both) == 1 and both[0].startswith("eval_store holds its own held-out examples"), both
+    alone = params.check({**required, "eval_teacher": "preset:x"}, "local")
+    assert alone == ["eval_teacher runs the teacher on eval_data; give eval_data too"]
+    for name in ("jsd_beta", "skew"):
+        for bad in (0.0, 1.0):
+            assert params.check({**required, name: bad}, "local") == [
+                f"{name}={bad!r} is not in the open interval (0, 1)"]
+        assert params.check({**required, name: 0.5}, "local") == []

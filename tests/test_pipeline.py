@@ -417,6 +417,12 @@ REFUSED = [
     (["--image", IMAGE, "--labels", "Team=X"], "--labels"),
     (["--image", IMAGE, "register_model=true"], "needs serving_image"),
     (["--image", IMAGE, "dump_lease_timeout_s=5"], "dump_lease_timeout_s=5.0 is below its minimum 10"),
+    (["--image", IMAGE, "eval_store=/tmp/held-out"], "eval_store='/tmp/held-out' is not in Cloud Storage"),
+    (["--image", IMAGE, "eval_data=gs://b/e", "eval_teacher=/tmp/teacher"],
+     "eval_teacher='/tmp/teacher' is not in Cloud Storage: a Vertex job cannot read this machine's disk; give "
+     "gs://... or preset:..."),
+    (["--image", IMAGE, "eval_teacher=preset:tiny-qwen3"], "eval_teacher runs the teacher on eval_data"),
+    (["--image", IMAGE, "jsd_beta=1"], "jsd_beta=1.0 is not in the open interval (0, 1)"),
     (["--image", IMAGE, "dump_lease_timeout_s=nan"], "dump_lease_timeout_s=nan is not a finite number"),
     (["--image", IMAGE, "dump_lease_timeout_s=1e9"], "dump_lease_timeout_s=1000000000.0 is above its maximum 3600"),
     (["--image", IMAGE, "allow_tokenizer_mismatch=perhaps"], "allow_tokenizer_mismatch='perhaps' is not a valid bool"),
