@@ -50,9 +50,9 @@ def test_online_measures_match_numpy():
 
 def test_store_measures_match_numpy_and_bound_the_full_kl():
     t, z = data(2)
-    sel = {k: np.asarray(v) for k, v in select_topk(jnp.asarray(t), K).items()}
+    sel = {k: np.asarray(v) for k, v in jax.jit(select_topk, static_argnums=1)(jnp.asarray(t), K).items()}
     got = {k: np.asarray(v) for k, v in jax.jit(M.per_position)(z, sel).items()}
-    full = np.asarray(M.kl(t, z))
+    full = np.asarray(jax.jit(M.kl)(t, z))
     for b, j in np.ndindex(SEG.shape):
         p, q = np.exp(np_log_softmax(t[b, j])), np.exp(np_log_softmax(z[b, j]))
         ids = sel["topk_ids"][b, j]
@@ -63,8 +63,9 @@ def test_store_measures_match_numpy_and_bound_the_full_kl():
         assert got["top1_agreement"][b, j] == float(np.argmax(p) == np.argmax(q))
         np.testing.assert_allclose(got["topk_mass"][b, j], q[ids].sum(), rtol=1e-5)
     # a sampled record (draws at t = 1): the importance-weighted estimate, sum (c / N) log(p / q)
-    out = {k: np.asarray(v) for k, v in select_sampled(jnp.asarray(t), 8, sample_keys(0, jnp.array([0, 1]), 7)).items()}
-    est = np.asarray(M.per_position(z, out)["kl_draws"])
+    out = {k: np.asarray(v) for k, v in jax.jit(select_sampled, static_argnums=1)(
+        jnp.asarray(t), 8, sample_keys(0, jnp.array([0, 1]), 7)).items()}
+    est = np.asarray(jax.jit(M.per_position)(z, out)["kl_draws"])
     for b, j in np.ndindex(SEG.shape):
         u = out["sample_counts"][b, j] > 0
         lq = np_log_softmax(z[b, j])[out["sample_ids"][b, j][u]]
@@ -74,7 +75,7 @@ def test_store_measures_match_numpy_and_bound_the_full_kl():
 
 def test_sums_and_means_follow_the_next_token_mask():
     t, z = data(3)
-    values = M.per_position(z, {"teacher_logits": t}, k=K)
+    values = jax.jit(M.per_position, static_argnames="k")(z, {"teacher_logits": t}, k=K)
     total = {k: np.asarray(v) for k, v in M.sums(values, next_token_mask(SEG)).items()}
     mask = np.zeros(SEG.shape, bool)
     mask[0, [0, 1, 2, 4]] = True  # row 0: doc 1's last token (3), doc 2's (5) and padding are out

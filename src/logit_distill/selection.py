@@ -160,8 +160,15 @@ def select_topk(logits: jax.Array, k: int, tail_temperatures: Sequence[float] = 
     ``[..., m]``: the log of the tail's mass in the tempered distribution
     ``p^(1/T) / sum p^(1/T)``.
     """
+    return _select_topk(logits, int(k), tuple(float(T) for T in tail_temperatures))
+
+
+# The selections are jitted with their sizes static: called on their own (verify, notebooks, tests) they
+# compile once instead of op by op; inside the dump's program they are inlined like any other function.
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _select_topk(logits: jax.Array, k: int, tail_temperatures: tuple) -> dict:
     logits = logits.astype(jnp.float32)
-    scales = (1.0, *(1.0 / float(T) for T in tail_temperatures))
+    scales = (1.0, *(1.0 / T for T in tail_temperatures))
     top_values, top_ids, lse, rest = _top_and_sums(logits, k, scales)
     return _topk_record(top_values, top_ids, lse, rest)
 
@@ -289,6 +296,7 @@ def _uniforms(keys: jax.Array, num_samples: int) -> jax.Array:
 _searchsorted = jax.vmap(jax.vmap(lambda c, t: jnp.searchsorted(c, t, side="right")))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 3))
 def select_sampled(logits: jax.Array, num_samples: int, keys: jax.Array,
                    proposal_temperature: float = 1.0) -> dict:
     """N draws with replacement per position from ``softmax(logits / t)``, as distinct ids + counts.
@@ -475,6 +483,7 @@ def _plogp(log_p: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(p > 0, p * jnp.where(p > 0, log_p, 0.0), 0.0), axis=-1)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 3))
 def select_systematic(logits: jax.Array, num_samples: int, keys: jax.Array, proposal_temperature: float = 1.0) -> dict:
     """N systematic draws per position from ``softmax(logits / t)`` as a sampled record: ``sample_ids``
     (distinct, ascending, first slots), ``sample_counts`` (summing to N), ``sample_logprobs`` (the
@@ -499,6 +508,7 @@ def select_hybrid_tail_plogp(logits: jax.Array, head_ids: jax.Array, proposal_te
     return _plogp(_tail_logprobs(logits, head_ids, proposal_temperature)[1])
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 4))
 def select_hybrid(logits: jax.Array, k: int, num_samples: int, keys: jax.Array,
                   proposal_temperature: float = 1.0) -> dict:
     """The top-k record (``select_topk``; at t != 1 also ``tail_logprob_tempered`` ``[B, L, 1]`` at t)
