@@ -109,9 +109,9 @@ def small_fs(tmp_path):
 
 # The longest test files first: pytest-xdist hands out whole files (--dist loadfile) in collection
 # order, so a long file that came last would run alone at the end.
-LONGEST_FIRST = ("test_demo.py", "test_pipeline.py", "test_train.py", "test_image.py", "test_teacher_speed.py",
-                 "test_user_files.py", "test_flax_student.py", "test_moe_dump.py", "test_bad_input.py",
-                 "test_sampled.py", "test_dump.py")
+LONGEST_FIRST = ("test_demo.py", "test_train.py", "test_pipeline.py", "test_sampled.py", "test_teacher_speed.py",
+                 "test_user_files.py", "test_image.py", "test_flax_student.py", "test_models.py", "test_divergences.py",
+                 "test_moe_dump.py", "test_dump.py", "test_bad_input.py")
 
 
 def pytest_collection_modifyitems(items):

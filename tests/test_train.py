@@ -174,7 +174,7 @@ def test_sigkill_and_rerun_gives_the_same_weights(setup, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_nonzero(setup, tmp_path):
-    steps = 400
+    steps = 150
     out = str(tmp_path / "term")
     proc = subprocess.Popen(_cli_cmd(setup, out, steps), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpts = os.path.join(out, "checkpoints")

@@ -25,12 +25,14 @@ def sample_documents(loaded, *, num_docs: int, doc_len: int, seed: int = 0, temp
     apply, params, V = loaded.apply, loaded.params, loaded.vocab_size
 
     @jax.jit
-    def next_token(params, tokens, t, key):
+    def with_next_token(params, tokens, t, key):
+        """``tokens`` with position ``t + 1`` drawn (``t`` traced: one program for every position)."""
         B, L = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
         segment_ids = (positions <= t).astype(jnp.int32)  # the unwritten future is padding
-        logits = apply(params, tokens, positions, segment_ids)[:, t].astype(jnp.float32)
-        return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+        logits = jnp.take(apply(params, tokens, positions, segment_ids), t, axis=1).astype(jnp.float32)
+        new = jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+        return jax.lax.dynamic_update_slice_in_dim(tokens, new[:, None], t + 1, axis=1)
 
     docs = []
     key = jax.random.key(seed)
@@ -43,6 +45,6 @@ def sample_documents(loaded, *, num_docs: int, doc_len: int, seed: int = 0, temp
         tokens = tokens.at[:, 0].set(first)
         for t in range(doc_len - 1):
             key, sub = jax.random.split(key)
-            tokens = tokens.at[:, t + 1].set(next_token(params, tokens, t, sub))
+            tokens = with_next_token(params, tokens, jnp.int32(t), sub)
         docs.extend(np.asarray(tokens))
     return docs
