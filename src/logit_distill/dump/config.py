@@ -107,8 +107,8 @@ class DumpConfig:
         elif self.samples is not None:
             raise InputError("--samples applies to --selection sampled or hybrid; give one or drop --samples")
         if self.selection == "hybrid" and self.top_k > MAX_HYBRID_K:
-            raise InputError(f"--selection hybrid keeps a small exact head: --top-k must be <= {MAX_HYBRID_K}, "
-                             f"got {self.top_k}")
+            raise InputError(f"--selection hybrid (the default) keeps a small exact head: --top-k must be <= "
+                             f"{MAX_HYBRID_K}, got {self.top_k}; for a larger head alone, --selection topk")
         if not all(math.isfinite(float(T)) and float(T) > 0 for T in (self.proposal_temperature,
                                                                        *self.tail_temperatures)):
             raise InputError(f"temperatures must be finite and > 0: --proposal-temperature {self.proposal_temperature}, "
