@@ -12,9 +12,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_demo_runs_the_whole_pipeline_and_kd_beats_ce(tmp_path):
     """`make demo`: data sampled from the teacher, dump, verify, KD and CE-only students, summary (the students
-    trained half the demo's steps: the same pipeline, and KD is ahead of CE-only sooner than later)."""
+    trained 80 of the demo's 300 steps: the same pipeline, and KD is ahead of CE-only from early on: 4.27 against
+    4.58 nats at 80 steps)."""
     out = subprocess.run([sys.executable, "-m", "pipelines.demo", "--out", str(tmp_path / "demo"),
-                          "--train-num-steps", "150"],
+                          "--train-num-steps", "80"],
                          capture_output=True, text=True, timeout=900, cwd=REPO)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     text = out.stdout[out.stdout.index("logit-distill demo: done"):]
