@@ -30,11 +30,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
-# XLA's CPU backend without LLVM's optimisation passes: the tests' models are tiny, so compiling is most of
-# their CPU time (a 150-step training subprocess spends ~20% less CPU in all); the programs compute the same
-# values. Subprocesses inherit it (tests/cpu_devices.py keeps it when it adds fake devices).
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+# XLA's CPU backend without LLVM's optimisation passes and with its older (elemental) fusion emitters: the
+# tests' models are tiny, so compiling is most of their CPU time. Without the optimisation passes a 150-step
+# training subprocess spends ~20% less CPU in all; the elemental emitters compile a program in ~60% of the
+# time (a cold 20-step training subprocess: 10.3 CPU-s against 13.8; `make quick-test`: 18% less CPU), though
+# their code runs slower (a 150-step training of 16 x 64 tokens: +20%). The programs compute the same values.
+# Subprocesses inherit the flags (tests/cpu_devices.py keeps them when it adds fake devices).
+for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
 
 def pytest_unconfigure(config):
