@@ -184,6 +184,50 @@ def test_the_sandbox_decides_as_jinja2s_own():
         ChatTemplate("{{ messages.append(1) }}", "t", {}, ChatOptions().now).render([])
 
 
+def test_the_sandbox_calls_as_jinja2s_own():
+    # Builtin functions and methods and namespace(...) are called directly: each call gives what
+    # jinja2's ImmutableSandboxedEnvironment gives (or raises what it raises).
+    import jinja2
+    from jinja2 import Undefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError, unsafe
+    from jinja2.utils import Namespace
+
+    ours = ChatTemplate("", "t", {}, ChatOptions().now)._template
+    theirs = ImmutableSandboxedEnvironment().from_string("")
+    envs = [(t.environment, t.new_context({"x": 1})) for t in (ours, theirs)]
+
+    def outcome(env, context, make_call):
+        fn, args, kwargs = make_call()
+        try:
+            got = env.call(context, fn, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            return ("raised", type(e), str(e))
+        if isinstance(got, Undefined):
+            return ("undefined", type(got), got._undefined_hint)
+        if isinstance(got, Namespace):
+            return ("namespace", got.a, got.b)
+        return ("value", got, args)
+
+    calls = {
+        "str method": lambda: (" a b\n".strip, ("\n",), {"_loop_vars": {"c": 1}}),
+        "split": lambda: ("a</think>b".split, ("</think>",), {"_block_vars": {}, "_loop_vars": {}}),
+        "dict.get": lambda: ({"k": 1}.get, ("k", 0), {}),
+        "list.append (refused by getattr, not by call)": lambda: ([1].append, (2,), {}),
+        "builtin function": lambda: (len, ([1, 2],), {}),
+        "bad arguments": lambda: ("x".strip, (1,), {}),
+        "StopIteration": lambda: (next, (iter([]),), {}),
+        "namespace": lambda: (Namespace, ({"a": 1},), {"b": 2, "_loop_vars": {"a": 0}}),
+        "pass_context": lambda: (jinja2.pass_context(lambda ctx, y: (ctx["x"], y)), (2,), {}),
+        "unsafe": lambda: (unsafe(lambda: 1), (), {}),
+        "class": lambda: (dict, (), {"a": 1}),
+    }
+    for name, make_call in calls.items():
+        got, want = (outcome(env, context, make_call) for env, context in envs)
+        assert got == want, name
+    assert outcome(*envs[0], calls["unsafe"])[1] is SecurityError
+    assert ours.environment._namespace_is_plain
+
+
 # ----------------------------------------------------------------------------- masks
 
 

@@ -99,30 +99,55 @@ def _generation_extension():
 
 
 def _sandbox_class():
+    import types
+
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
 
     # The names an exact dict instance has as attributes (its type's and object's; a dict instance
     # has no __dict__ and dict no __getattr__): any other name is looked up as a key.
     dict_attributes = frozenset(dir({}))
+    method_types = (types.MethodType, types.BuiltinMethodType)
+    builtin_function = types.BuiltinFunctionType  # a builtin function or a builtin type's bound method
+    format_names = ("format", "format_map")  # a str's format methods, which jinja2 returns wrapped
 
     class ChatSandbox(ImmutableSandboxedEnvironment):
-        """jinja2's immutable sandbox, making the same decisions faster (half of a render's time
+        """jinja2's immutable sandbox, making the same decisions faster (most of a render's time
         went to them): ``message.content`` on a plain dict is read as the key without first raising
-        AttributeError, and the verdict of ``is_safe_attribute`` is kept per (type of the object,
-        name). That verdict is a function of those two only: jinja2 3.1 tests the name, and the
-        object with isinstance against fixed types and collections.abc's mutable ABCs; it never
-        reads the value (tests compare the verdicts with jinja2's own)."""
+        AttributeError; the verdict of ``is_safe_attribute`` is kept per (type of the object, name)
+        and an attribute with a kept verdict is read without asking again; a builtin function or
+        method (``content.strip``, ``message.get``) and ``namespace(...)`` are called directly.
+
+        The verdict is a function of (type, name) only: jinja2 3.1 tests the name, and the object
+        with isinstance against fixed types and collections.abc's mutable ABCs; it never reads the
+        value. jinja2 refuses a call, or passes the callable the context, by attributes of the
+        callable (``unsafe_callable``, ``alters_data``, ``jinja_pass_arg``): a builtin function has no
+        attributes of its own, and jinja2's Namespace class, checked once here, none of those. Tests
+        compare the attributes given and the calls made with jinja2's own."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._verdicts: dict[tuple[type, str], bool] = {}
+            self._namespace_is_plain = self.is_safe_callable(Namespace) and not (
+                hasattr(Namespace, "jinja_pass_arg") or hasattr(Namespace.__call__, "jinja_pass_arg"))
 
         def getattr(self, obj, attribute):
-            if type(obj) is dict and attribute not in dict_attributes:  # what super() does, without the exception
+            kind = type(obj)
+            if kind is dict and attribute not in dict_attributes:  # what super() does, without the exception
                 try:
                     return obj[attribute]
                 except KeyError:
                     return self.undefined(obj=obj, name=attribute)
+            if obj.__class__ is kind and self._verdicts.get((kind, attribute)):  # super()'s steps, the verdict kept
+                try:
+                    value = getattr(obj, attribute)
+                except AttributeError:
+                    try:
+                        return obj[attribute]
+                    except (TypeError, LookupError):
+                        return self.undefined(obj=obj, name=attribute)
+                if not (type(value) in method_types and value.__name__ in format_names):
+                    return value
             return super().getattr(obj, attribute)
 
         def is_safe_attribute(self, obj, attr, value):
@@ -134,6 +159,17 @@ def _sandbox_class():
             if verdict is None:
                 verdict = self._verdicts[key] = super().is_safe_attribute(obj, attr, value)
             return verdict
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's names: no clash with kwargs
+            if type(__obj) is builtin_function or (__obj is Namespace and __self._namespace_is_plain):
+                kwargs.pop("_block_vars", None)  # what jinja2's Context.call does then
+                kwargs.pop("_loop_vars", None)
+                try:
+                    return __obj(*args, **kwargs)
+                except StopIteration:
+                    return __self.undefined("value was undefined because a callable raised a StopIteration "
+                                            "exception")
+            return super().call(__context, __obj, *args, **kwargs)
 
     return ChatSandbox
 
@@ -188,15 +224,19 @@ class ChatTemplate:
     def has_generation_markers(self) -> bool:
         return bool(_GENERATION_TAG.search(self.text))
 
-    def _context(self, messages, tools, add_generation_prompt: bool) -> dict:
-        return {"messages": messages, "tools": tools, "documents": None,
-                "add_generation_prompt": add_generation_prompt, **self.variables}
+    def _render_func(self, messages, tools, add_generation_prompt: bool):
+        """The template's render generator on a new context: what ``Template.render`` and
+        ``generate`` run, the context built in one dict rather than three (its variables over the
+        template's globals, as ``Template.new_context`` does)."""
+        variables = {**self._template.globals, "messages": messages, "tools": tools, "documents": None,
+                     "add_generation_prompt": add_generation_prompt, **self.variables}
+        return self._template.root_render_func(self._template.new_context(variables, shared=True))
 
     def render(self, messages: list[dict], tools: list | None = None, *, add_generation_prompt: bool = False,
                place: str = "") -> str:
         """The text, as ``apply_chat_template(messages, tools=tools, tokenize=False)``."""
         try:
-            return self._template.render(self._context(messages, tools, add_generation_prompt))
+            return "".join(self._render_func(messages, tools, add_generation_prompt))
         except Exception as e:  # noqa: BLE001 - any error raised inside the template is bad input
             raise _template_error(e, place, self.source) from None
 
@@ -207,7 +247,7 @@ class ChatTemplate:
         state = self._spans.state
         state.blocks, state.spans = blocks, []
         try:
-            for block in self._template.generate(self._context(messages, tools, False)):
+            for block in self._render_func(messages, tools, False):
                 blocks.append(block)
             return "".join(blocks), state.spans
         except Exception as e:  # noqa: BLE001
