@@ -425,3 +425,34 @@ def test_tunix_llama3_rope_ignores_the_checkpoint_settings():
     # float32 angles of up to 3e4 rad: both sides round at the 1e-3 level there
     assert np.abs(ours - ref).max() < 1e-2
     assert np.abs(tunix - ref).max() > 0.5
+
+
+def test_sampled_documents_are_those_of_whole_length_forwards():
+    """``sample_documents`` runs the model over a prefix bucket that holds the positions written so far: the
+    documents are those of a reference that runs it over the whole document for every token (same keys),
+    deterministic in the seed, 11 tokens (buckets 3, 6, 9, 11)."""
+    import jax.numpy as jnp
+
+    from logit_distill.models import build_model, init_params
+    from logit_distill.sampling import sample_documents
+
+    cfg = dict(PRESETS["tiny-qwen3"])
+    m = build_model(cfg, init_params(cfg, 3, "float32"))
+    n, L = 5, 11
+
+    def reference(seed):
+        key = jax.random.key(seed)
+        key, first_key = jax.random.split(key)
+        tokens = jnp.zeros((n, L), jnp.int32).at[:, 0].set(jax.random.randint(first_key, (n,), 0, m.vocab_size))
+        positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (n, L))
+        for t in range(L - 1):
+            key, sub = jax.random.split(key)
+            logits = m.apply(m.params, tokens, positions, (positions <= t).astype(jnp.int32))[:, t]
+            tokens = tokens.at[:, t + 1].set(jax.random.categorical(sub, logits, axis=-1))
+        return np.asarray(tokens)
+
+    got = np.stack(sample_documents(m, num_docs=n, doc_len=L, seed=4))
+    np.testing.assert_array_equal(got, reference(4))
+    np.testing.assert_array_equal(np.stack(sample_documents(m, num_docs=n, doc_len=L, seed=4)), got)
+    assert not np.array_equal(np.stack(sample_documents(m, num_docs=n, doc_len=L, seed=5)), got)
+    assert len(np.unique(got[:, 1:])) > 10  # drawn, not one token repeated
