@@ -7,6 +7,7 @@ import tempfile
 import uuid
 
 import pytest
+from cpu_devices import COMPILE_SAVING_XLA_FLAGS
 
 from logit_distill.emulator import free_port
 
@@ -36,7 +37,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 # time (a cold 20-step training subprocess: 10.3 CPU-s against 13.8; `make quick-test`: 18% less CPU), though
 # their code runs slower (a 150-step training of 16 x 64 tokens: +20%). The programs compute the same values.
 # Subprocesses inherit the flags (tests/cpu_devices.py keeps them when it adds fake devices).
-for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+# A test whose subprocess computes more than it compiles (the demo) runs it without them
+# (tests/cpu_devices.py's env_with_xla_defaults).
+for _flag in COMPILE_SAVING_XLA_FLAGS:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
