@@ -115,12 +115,10 @@ def small_fs(tmp_path):
 
 
 # The longest test files first: pytest-xdist hands out whole files (--dist loadfile) in collection
-# order, so a long file that came last would run alone at the end. The order of their times in a whole run
-# on 3 workers (pytest --durations=0, summed per file; test_train about 300 s, test_launcher_guard 70 s).
-LONGEST_FIRST = ("test_train.py", "test_pipeline.py", "test_dump.py", "test_teacher_speed.py", "test_flax_student.py",
-                 "test_user_files.py", "test_sampled.py", "test_moe_dump.py", "test_bad_input.py", "test_image.py",
-                 "test_demo.py", "test_moe_models.py", "test_components.py", "test_models.py", "test_launcher_guard.py",
-                 "test_losses.py", "test_divergences.py")
+# order, so a long file that came last would run alone at the end.
+LONGEST_FIRST = ("test_demo.py", "test_train.py", "test_pipeline.py", "test_sampled.py", "test_teacher_speed.py",
+                 "test_user_files.py", "test_image.py", "test_flax_student.py", "test_models.py", "test_divergences.py",
+                 "test_moe_dump.py", "test_dump.py", "test_bad_input.py")
 
 
 def pytest_collection_modifyitems(items):
