@@ -149,9 +149,9 @@ def explain(key: str, d: dict, results: dict) -> str:
                 f"{d['device_batch']}) over a {d['matmul']['size']}^3 {d['dtype']} matmul's FLOPs/s, alternated in one "
                 f"process: {d['teacher_gflops_per_s']:.0f} vs {d['matmul_gflops_per_s']:.0f} GFLOP/s "
                 f"(step {_s(d['teacher_step'])}, {d['tokens_per_s']:.0f} tokens/s; attention FLOPs counted causal). "
-                "Limit: on CPU, attention (about 1 s of the 4096 step at ~135 GFLOP/s: XLA runs the score "
-                "matmul, the mask, the max, the exponentials and the value matmul as separate passes over "
-                "[rows, keys] blocks, memory-bound; key-tiled (flash) and per-head variants measured no faster) "
+                "Limit: on CPU, attention (XLA runs the score matmul, the mask, the max, the exponentials and the "
+                "value matmul as separate passes over [rows, keys] blocks, memory-bound; key-tiled (flash) and "
+                "per-head variants measured no faster; its share grows with L) "
                 "and the top-k selection's passes over the [L, 32k] logits, neither of them FLOPs.")
     if key == "moe_teacher_flop_utilization":
         return (f"active-parameter model FLOPs/s of the dump's teacher step ({d['teacher']}, {d['dtype']}, "
@@ -162,7 +162,11 @@ def explain(key: str, d: dict, results: dict) -> str:
     if key == "moe_over_dense_step_ratio":
         return (f"the dump's teacher step of the MoE bench teacher ({d['moe']}) {_s(d['moe_step'])} over the dense "
                 f"bench teacher's ({d['dense']}) {_s(d['dense_step'])}, the same active FLOPs per token, "
-                f"{d['batch']} x {d['seq_len']} tokens, alternated in one process.")
+                f"{d['batch']} x {d['seq_len']} tokens, alternated in one process. Limit: the experts' matmuls "
+                "are small: 64 experts top-8 give each expert an eighth of a device batch's tokens on average "
+                "(128 rows of a 1024-token example: a [128, 512] x [512, 384] product, where the dense FFN has "
+                "[1024, 512] x [512, 3072]), plus the padding of each expert's last tile of rows; a CPU whose "
+                "large matmuls run near its peak runs such small ones at about half that rate.")
     if key == "attention_temp_bytes_ratio_8192_over_2048":
         return (f"XLA's compiled memory analysis of the dump's teacher step (bench teacher, batch 1, attention "
                 f"`{d['attention']}`): temporaries {d['temp_bytes_8192'] / 2**20:.0f} MiB at L=8192 vs "
@@ -243,8 +247,9 @@ def render(doc: dict) -> str:
         "",
         f"- {meta['cpu_count']} CPU cores ({meta['cpu_model']}), {meta['platform']}, Python {meta['python']}",
         f"- JAX {meta['jax_version']}, backend `{meta['jax_backend']}`, devices {', '.join(meta['devices'])}",
-        f"- load average {la0:.1f} at the start and {la1:.1f} at the end: the machine was shared with other "
-        "work, so absolute times are noisy; the ratios are what to compare.",
+        f"- load average {la0:.1f} at the start and {la1:.1f} at the end (1-minute averages; above the "
+        f"{meta['cpu_count']} cores, other work shared the machine): absolute times vary between machines and "
+        "with their load; the ratios are what to compare.",
         f"- mode: `{meta['mode']}`; sizes: `{json.dumps(meta.get('size', {}), sort_keys=True)}`",
         "",
     ]
@@ -253,7 +258,7 @@ def render(doc: dict) -> str:
         "## How to run",
         "",
         "```",
-        "make bench                                  # everything, default sizes (about 16 CPU-minutes for the groups selection to chat, then about 18 for fidelity)",
+        "make bench                                  # everything, default sizes (its minutes on this machine: the command at the top)",
         "python -m bench.run --only dump,train      # a subset: keys or groups (selection, dump, resume, verify, train, kd, fidelity, teacher, chat)",
         "bash bench/device_teacher.sh               # the teacher group on an accelerator (1.7B bfloat16, L=4096)",
         "python -m bench.run --full                 # larger sizes, more repeats (longer)",

@@ -3,7 +3,8 @@ regenerate docs/BENCHMARKS.md.
 
 Every figure is a ratio of two things measured side by side in this one run (interleaved, repeated,
 medians), so that a machine shared with other work still gives comparable numbers. The default sizes
-fit in well under 20 minutes on 2 CPU cores; ``--full`` uses larger sizes and more repeats.
+take about 8 minutes on 2 AMD EPYC cores (over an hour on the slower Intel Xeon kind: its matmuls run
+at a tenth of the rate); ``--full`` uses larger sizes and more repeats.
 """
 
 from __future__ import annotations
