@@ -445,9 +445,10 @@ def test_sampled_documents_are_those_of_whole_length_forwards():
         key, first_key = jax.random.split(key)
         tokens = jnp.zeros((n, L), jnp.int32).at[:, 0].set(jax.random.randint(first_key, (n,), 0, m.vocab_size))
         positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (n, L))
+        forward = jax.jit(m.apply)  # the whole length every token: one program
         for t in range(L - 1):
             key, sub = jax.random.split(key)
-            logits = m.apply(m.params, tokens, positions, (positions <= t).astype(jnp.int32))[:, t]
+            logits = forward(m.params, tokens, positions, (positions <= t).astype(jnp.int32))[:, t]
             tokens = tokens.at[:, t + 1].set(jax.random.categorical(sub, logits, axis=-1))
         return np.asarray(tokens)
 
