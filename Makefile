@@ -1,6 +1,8 @@
 # logit-distill: `make demo` runs the main job, `make test` the test suite.
 # Both create or refresh .venv from pyproject.toml first: the demo installs only what it needs
-# (the package and the pipeline tools), the tests add their extras (the reference models).
+# (the package and the pipeline tools), the tests add their extras (the reference models). The packages the
+# component image holds are installed at the versions of its lock (containers/requirements-cpu.lock), so the
+# tests run what the image ships, and a new release on the index changes nothing until `make lock`.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,12 +23,17 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 
-$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PIP_INSTALL) -e '.[pipelines]'
+# the lock as pip constraints: its pins without the hashes (the packages outside the image are not in it)
+CONSTRAINTS := $(VENV)/image-constraints.txt
+$(CONSTRAINTS): containers/requirements-cpu.lock | $(VENV)/bin/python
+	sed -e '/^#/d' -e 's/ --hash=.*//' $< > $@
+
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS) | $(VENV)/bin/python
+	$(PIP_INSTALL) -c $(CONSTRAINTS) -e '.[pipelines]'
 	touch $(DEMO_STAMP)
 
-$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PIP_INSTALL) -e '.[pipelines,test]'
+$(TEST_STAMP): pyproject.toml $(CONSTRAINTS) | $(VENV)/bin/python
+	$(PIP_INSTALL) -c $(CONSTRAINTS) -e '.[pipelines,test]'
 	touch $(TEST_STAMP) $(DEMO_STAMP)
 
 venv: $(TEST_STAMP)
