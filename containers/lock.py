@@ -6,10 +6,14 @@ One description, ``containers/image.toml``: what every image holds (the package
 with its ``component`` extra) and what each backend (cpu, cuda, tpu) adds (the
 JAX plugin). Each backend is resolved with pip's resolver (``pip install
 --dry-run --report``, PyPI's metadata only: nothing is downloaded but the
-metadata), constrained to the versions installed in this environment (the ones
-the tests ran with), and written as one ``name==version --hash=sha256:...``
-line per package, for Linux x86_64 / CPython 3.11: the image's platform, where
-this runs. The Dockerfile installs the lock of its ``JAX_BACKEND`` with
+metadata) and written as one ``name==version --hash=sha256:...`` line per
+package, for Linux x86_64 / CPython 3.11: the image's platform, where this
+runs. The cpu lock takes the newest versions ``pyproject.toml`` allows; cuda and
+tpu are constrained to the cpu lock's versions, so every image holds the same
+packages and adds only its plugin. The development environment installs the
+cpu lock's versions (the Makefile passes it to pip as constraints), so after
+``make lock`` the next ``make test`` reinstalls and tests what the image ships.
+The Dockerfile installs the lock of its ``JAX_BACKEND`` with
 ``--require-hashes --no-deps``, then the package itself without dependencies.
 Each lock's header names what it was resolved from; tests/test_image.py checks
 the locks against the description.
@@ -43,19 +47,25 @@ def resolved_from(backend: str, desc: dict) -> str:
     return f"# resolved from containers/image.toml [{backend}]: {' '.join(wanted)}"
 
 
-def resolve(requirements: list[str]) -> list[dict]:
+def resolve(requirements: list[str], pins: dict[str, str] | None = None) -> list[dict]:
+    """pip's resolution of ``requirements`` for this platform, held to ``pins`` (name -> version) if given."""
     with tempfile.TemporaryDirectory() as tmp:
-        constraints = os.path.join(tmp, "constraints.txt")
-        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], check=True,
-                                capture_output=True, text=True).stdout
-        with open(constraints, "w") as f:
-            f.write(frozen)
+        constraints = []
+        if pins:
+            path = os.path.join(tmp, "constraints.txt")
+            with open(path, "w") as f:
+                f.writelines(f"{name}=={version}\n" for name, version in sorted(pins.items()))
+            constraints = ["-c", path]
         report = os.path.join(tmp, "report.json")
         wanted = [REPO + r[1:] if r.startswith(".[") else r for r in requirements]  # ".[x]": this package
         subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                        "--report", report, "-c", constraints, *wanted], check=True)
+                        "--report", report, *constraints, *wanted], check=True)
         with open(report) as f:
             return json.load(f)["install"]
+
+
+def pins_of(items: list[dict]) -> dict[str, str]:
+    return {i["metadata"]["name"]: i["metadata"]["version"] for i in items if i["metadata"]["name"] != SELF}
 
 
 def lock_text(backend: str, desc: dict, items: list[dict]) -> str:
@@ -74,6 +84,16 @@ def lock_text(backend: str, desc: dict, items: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_pins(path: str) -> dict[str, str]:
+    pins = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                name, version = line.split(" ", 1)[0].split("==")
+                pins[name] = version
+    return pins
+
+
 def main(argv: list[str]) -> int:
     desc = description()
     backends = argv or list(desc["backends"])
@@ -82,10 +102,17 @@ def main(argv: list[str]) -> int:
         print(f"lock: error: no backend {', '.join(unknown)} in {DESCRIPTION}; it has "
               f"{', '.join(desc['backends'])}", file=sys.stderr)
         return 2
-    for backend in backends:
-        text = lock_text(backend, desc, resolve(desc["image"]["requirements"] + desc["backends"][backend]))
+    # cpu first: the other backends are held to its versions (resolved now, or read from its lock)
+    cpu_pins = None
+    for backend in sorted(backends, key=lambda b: b != "cpu"):
+        if backend != "cpu" and cpu_pins is None:
+            cpu_pins = read_pins(lock_path("cpu"))
+        items = resolve(desc["image"]["requirements"] + desc["backends"][backend],
+                        None if backend == "cpu" else cpu_pins)
+        if backend == "cpu":
+            cpu_pins = pins_of(items)
         with open(lock_path(backend), "w") as f:
-            f.write(text)
+            f.write(lock_text(backend, desc, items))
         print(f"wrote {os.path.relpath(lock_path(backend))}")
     return 0
 

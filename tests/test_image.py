@@ -90,6 +90,8 @@ def test_each_backend_has_a_hashed_lock_made_from_the_one_description():
     desc = _description()
     assert set(desc["backends"]) == {"cpu", "cuda", "tpu"}
     cpu = _lock()
+    # the pins the cuda and tpu locks are held to when they are resolved
+    assert {canonicalize_name(n): v for n, v in lock.read_pins(lock.lock_path("cpu")).items()} == cpu
     plugins = {"cuda": {"jax-cuda12-plugin", "jax-cuda12-pjrt"}, "tpu": {"libtpu"}}
     for backend in desc["backends"]:
         path = lock.lock_path(backend)
