@@ -1,14 +1,16 @@
 # logit-distill: `make demo` runs the main job, `make test` the test suite.
 # Both create or refresh .venv from pyproject.toml first: the demo installs only what it needs
-# (the package and the pipeline tools), the tests add their extras (the reference models). The packages the
-# component image holds are installed at the versions of its lock (containers/requirements-cpu.lock), so the
-# tests run what the image ships, and a new release on the index changes nothing until `make lock`.
+# (the package and the pipeline tools), the tests add their extras (the reference models). Every package
+# installs at the version of containers/requirements-dev.lock (pip constraints; `make lock` writes it, held to
+# the component image's lock), so the tests run what the image ships, and a new release on PyPI changes
+# nothing until `make lock`.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
+CONSTRAINTS := containers/requirements-dev.lock
 
 .PHONY: venv test quick-test demo compile lock bench clean
 
@@ -21,12 +23,7 @@ PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) --upgrade pip
-
-# the lock as pip constraints: its pins without the hashes (the packages outside the image are not in it)
-CONSTRAINTS := $(VENV)/image-constraints.txt
-$(CONSTRAINTS): containers/requirements-cpu.lock | $(VENV)/bin/python
-	sed -e '/^#/d' -e 's/ --hash=.*//' $< > $@
+	$(PIP_INSTALL) -c $(CONSTRAINTS) --upgrade pip
 
 $(DEMO_STAMP): pyproject.toml $(CONSTRAINTS) | $(VENV)/bin/python
 	$(PIP_INSTALL) -c $(CONSTRAINTS) -e '.[pipelines]'
@@ -58,7 +55,8 @@ compile: $(DEMO_STAMP)
 	$(PY) -m pipelines.compile
 
 # containers/requirements-{cpu,cuda,tpu}.lock: the component image's packages per backend, pinned with hashes,
-# from containers/image.toml (run on Linux x86_64, CPython 3.11: the image's platform).
+# and containers/requirements-dev.lock, this venv's, from containers/image.toml (run on Linux x86_64,
+# CPython 3.11: the image's platform); the next make test reinstalls the venv at the new versions.
 lock: $(DEMO_STAMP)
 	$(PY) containers/lock.py
 

@@ -10,9 +10,12 @@ metadata) and written as one ``name==version --hash=sha256:...`` line per
 package, for Linux x86_64 / CPython 3.11: the image's platform, where this
 runs. The cpu lock takes the newest versions ``pyproject.toml`` allows; cuda and
 tpu are constrained to the cpu lock's versions, so every image holds the same
-packages and adds only its plugin. The development environment installs the
-cpu lock's versions (the Makefile passes it to pip as constraints), so after
-``make lock`` the next ``make test`` reinstalls and tests what the image ships.
+packages and adds only its plugin. The development environment (``make``'s
+venv: ``[development]`` in the description) is resolved held to the cpu lock
+too, into ``containers/requirements-dev.lock`` (versions only), which the
+Makefile passes to pip as constraints: the tests run what the image ships, a
+new release on PyPI changes nothing until ``make lock``, and the ``make test``
+after it reinstalls and tests the new versions.
 The Dockerfile installs the lock of its ``JAX_BACKEND`` with
 ``--require-hashes --no-deps``, then the package itself without dependencies.
 Each lock's header names what it was resolved from; tests/test_image.py checks
@@ -21,6 +24,7 @@ the locks against the description.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,8 +41,33 @@ def description() -> dict:
         return tomllib.load(f)
 
 
+DEV = "dev"  # the development environment's lock: containers/requirements-dev.lock
+
+
 def lock_path(backend: str) -> str:
     return os.path.join(HERE, f"requirements-{backend}.lock")
+
+
+def dev_lock_text(desc: dict, items: list[dict]) -> str:
+    dev = desc["development"]
+    lines = ["# The development environment's packages, pip constraints for make's venv (containers/lock.py "
+             "writes this file; do not edit).",
+             dev_resolved_from(desc)]
+    unpinned = {canonical(n) for n in dev["unpinned"]}
+    for name, version in sorted(pins_of(items).items(), key=lambda nv: nv[0].lower()):
+        if canonical(name) not in unpinned:
+            lines.append(f"{name}=={version}")
+    return "\n".join(lines) + "\n"
+
+
+def dev_resolved_from(desc: dict) -> str:
+    dev = desc["development"]
+    return (f"# resolved from containers/image.toml [development]: {' '.join(dev['requirements'])}, held to "
+            f"requirements-cpu.lock; unpinned: {' '.join(dev['unpinned'])}")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def resolved_from(backend: str, desc: dict) -> str:
@@ -89,31 +118,35 @@ def read_pins(path: str) -> dict[str, str]:
     with open(path) as f:
         for line in f:
             if line.strip() and not line.startswith("#"):
-                name, version = line.split(" ", 1)[0].split("==")
+                name, version = line.split()[0].split("==")
                 pins[name] = version
     return pins
 
 
 def main(argv: list[str]) -> int:
     desc = description()
-    backends = argv or list(desc["backends"])
-    unknown = sorted(set(backends) - set(desc["backends"]))
+    targets = argv or [*desc["backends"], DEV]
+    unknown = sorted(set(targets) - set(desc["backends"]) - {DEV})
     if unknown:
         print(f"lock: error: no backend {', '.join(unknown)} in {DESCRIPTION}; it has "
-              f"{', '.join(desc['backends'])}", file=sys.stderr)
+              f"{', '.join(desc['backends'])} (and {DEV}, the development environment)", file=sys.stderr)
         return 2
-    # cpu first: the other backends are held to its versions (resolved now, or read from its lock)
+    # cpu first: the others are held to its versions (resolved now, or read from its lock)
     cpu_pins = None
-    for backend in sorted(backends, key=lambda b: b != "cpu"):
-        if backend != "cpu" and cpu_pins is None:
+    for target in sorted(targets, key=lambda t: t != "cpu"):
+        if target != "cpu" and cpu_pins is None:
             cpu_pins = read_pins(lock_path("cpu"))
-        items = resolve(desc["image"]["requirements"] + desc["backends"][backend],
-                        None if backend == "cpu" else cpu_pins)
-        if backend == "cpu":
-            cpu_pins = pins_of(items)
-        with open(lock_path(backend), "w") as f:
-            f.write(lock_text(backend, desc, items))
-        print(f"wrote {os.path.relpath(lock_path(backend))}")
+        if target == DEV:
+            text = dev_lock_text(desc, resolve(desc["development"]["requirements"], cpu_pins))
+        else:
+            items = resolve(desc["image"]["requirements"] + desc["backends"][target],
+                            None if target == "cpu" else cpu_pins)
+            if target == "cpu":
+                cpu_pins = pins_of(items)
+            text = lock_text(target, desc, items)
+        with open(lock_path(target), "w") as f:
+            f.write(text)
+        print(f"wrote {os.path.relpath(lock_path(target))}")
     return 0
 
 

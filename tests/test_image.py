@@ -72,6 +72,31 @@ def test_lock_holds_the_image_packages_and_their_requirements_closed():
         assert absent not in pinned
 
 
+def test_the_venv_is_the_development_lock_held_to_the_image_lock():
+    """make installs the venv with containers/requirements-dev.lock as constraints: the lock says what it
+    was resolved from (an edit of image.toml's [development] without `make lock` fails here), holds the cpu
+    image's packages at the same versions, and every package installed here is at its pinned version."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lock", os.path.join(REPO, "containers", "lock.py"))
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    desc = _description()
+    path = lock.lock_path(lock.DEV)
+    with open(path) as f:
+        text = f.read()
+    assert text.splitlines()[1] == lock.dev_resolved_from(desc), f"{path} is stale: make lock"
+    dev = {canonicalize_name(n): v for n, v in lock.read_pins(path).items()}
+    for name, version in _lock().items():
+        assert dev.get(name) == version, name
+    assert not {canonicalize_name(n) for n in desc["development"]["unpinned"]} & set(dev)
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    for name in ("logit-distill", "pytest", "transformers", "google-cloud-aiplatform", "pip"):
+        assert name in installed, name
+    wrong = {n: (v, installed[n]) for n, v in dev.items() if n in installed and installed[n] != v}
+    assert not wrong, f"installed at other versions than the lock's (lock, installed): {wrong}: make venv"
+
+
 def _description() -> dict:
     with open(DESCRIPTION, "rb") as f:
         return tomllib.load(f)
