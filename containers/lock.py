@@ -24,11 +24,12 @@ the locks against the description.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import tomllib
+
+from packaging.utils import canonicalize_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -53,9 +54,9 @@ def dev_lock_text(desc: dict, items: list[dict]) -> str:
     lines = ["# The development environment's packages, pip constraints for make's venv (containers/lock.py "
              "writes this file; do not edit).",
              dev_resolved_from(desc)]
-    unpinned = {canonical(n) for n in dev["unpinned"]}
+    unpinned = {canonicalize_name(n) for n in dev["unpinned"]}
     for name, version in sorted(pins_of(items).items(), key=lambda nv: nv[0].lower()):
-        if canonical(name) not in unpinned:
+        if canonicalize_name(name) not in unpinned:
             lines.append(f"{name}=={version}")
     return "\n".join(lines) + "\n"
 
@@ -64,10 +65,6 @@ def dev_resolved_from(desc: dict) -> str:
     dev = desc["development"]
     return (f"# resolved from containers/image.toml [development]: {' '.join(dev['requirements'])}, held to "
             f"requirements-cpu.lock; unpinned: {' '.join(dev['unpinned'])}")
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def resolved_from(backend: str, desc: dict) -> str:

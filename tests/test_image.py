@@ -36,6 +36,16 @@ def _lock(path: str = LOCK) -> dict:
     return pinned
 
 
+def _lock_module():
+    """containers/lock.py, which writes the locks (a script, not a module of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lock", os.path.join(REPO, "containers", "lock.py"))
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    return lock
+
+
 def _applies(req: Requirement, extras: set[str]) -> bool:
     if req.marker is None:
         return True
@@ -76,11 +86,7 @@ def test_the_venv_is_the_development_lock_held_to_the_image_lock():
     """make installs the venv with containers/requirements-dev.lock as constraints: the lock says what it
     was resolved from (an edit of image.toml's [development] without `make lock` fails here), holds the cpu
     image's packages at the same versions, and every package installed here is at its pinned version."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lock", os.path.join(REPO, "containers", "lock.py"))
-    lock = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lock)
+    lock = _lock_module()
     desc = _description()
     path = lock.lock_path(lock.DEV)
     with open(path) as f:
@@ -107,11 +113,7 @@ def test_each_backend_has_a_hashed_lock_made_from_the_one_description():
     image.toml without `make lock` fails here), pins every package with a hash, holds the CPU image's packages
     at the same versions and hashes, and adds only its backend's JAX plugin and what that plugin needs, at
     jax's version."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lock", os.path.join(REPO, "containers", "lock.py"))
-    lock = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lock)
+    lock = _lock_module()
     desc = _description()
     assert set(desc["backends"]) == {"cpu", "cuda", "tpu"}
     cpu = _lock()
